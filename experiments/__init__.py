@@ -1,0 +1,1 @@
+"""Experiment scripts: sweeps, measurements, training, data sets and the report."""

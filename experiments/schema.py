@@ -1,0 +1,74 @@
+"""The columns of `runs.csv`: a public interface, documented in results/README.md.
+
+One row per measured point, long format. Units are in the column names or stated here. The report reads
+only these files, so this module imports nothing heavier than the standard library.
+"""
+from __future__ import annotations
+
+# A point's identity: rerunning a sweep skips a point whose key is already in runs.csv.
+KEY_COLUMNS: tuple[str, ...] = (
+    "mixer",  # registry key, also the plot legend
+    "preset",  # micro | tiny | small | base
+    "overrides",  # JSON of model overrides on top of the preset (e.g. {"depth": 24, "mlp_ratio": 0}), "{}" if none
+    "img_size",  # input side in pixels (square)
+    "patch_size",  # patch side in pixels
+    "batch_size",
+    "device",  # cpu | cuda
+    "dtype",  # float32 | bfloat16
+    "dataset",  # "" when no training ran
+    "epochs",  # 0: cost only
+    "seed",
+)
+
+COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
+    # what was built
+    "tokens",  # N = (img_size / patch_size)^2
+    "grid_h",
+    "grid_w",
+    "dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "impl",  # implementation that actually ran, per mixer: sdpa backend, naive, scan kernel
+    "status",  # ok | oom | error | timeout | skipped | diverged
+    "error",  # message when status is not ok
+    # cost, counted (one image, forward)
+    "params",  # trainable parameters
+    "macs",  # multiply-accumulates counted by fvcore with handles for SDPA and the scan
+    "macs_analytic",  # model.macs(): the sum of every part's formula
+    "flops_counted",  # torch.utils.flop_counter.FlopCounterMode total (FLOPs = 2 x MACs)
+    "gmacs",  # macs / 1e9
+    "gflops",  # 2 x gmacs
+    # speed, inference (eval, inference_mode), whole batch
+    "latency_ms",  # median over repeats
+    "latency_iqr_ms",  # interquartile range
+    "latency_repeats",
+    "throughput_img_s",  # batch_size / median latency
+    "peak_mem_mb",  # peak bytes allocated during one forward, above the baseline (MiB = 2^20 bytes)
+    "peak_mem_reserved_mb",  # CUDA caching allocator's reserved peak; empty on CPU
+    # speed, one training step (forward, backward, optimizer step)
+    "train_step_ms",
+    "train_step_iqr_ms",
+    "train_throughput_img_s",
+    "train_peak_mem_mb",
+    "memory_method",  # how peak memory was read (cuda_allocator | cpu_profiler)
+    # accuracy (when epochs > 0)
+    "train_samples",
+    "accuracy",  # top-1 on the held-out split after the last epoch, in [0, 1]
+    "best_accuracy",
+    "final_train_loss",
+    "train_time_s",
+    "train_img_s",
+    # provenance
+    "commit",
+    "dirty",  # True when the working tree had uncommitted changes
+    "torch_version",
+    "cuda_version",
+    "device_name",
+    "cpu_threads",
+    "python_version",
+    "point_seconds",  # wall time of the whole point, including counting and training
+    "timestamp",  # UTC, ISO 8601
+)
+
+STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout", "skipped", "diverged")

@@ -1,0 +1,15 @@
+"""Token mixers: one file per mixer, one registry.
+
+Each built-in mixer module is imported explicitly here (no directory scanning), so a broken mixer fails loudly.
+To add a mixer, write `mixers/<name>.py` with a `@register_mixer("<name>")` class and add its import below.
+"""
+from .base import Grid, TokenMixer
+from .registry import create_mixer, get_mixer_class, list_mixers, register_mixer
+
+from . import attention  # noqa: E402,F401  (registers "attention")
+from . import attention_naive  # noqa: E402,F401  (registers "attention_naive")
+from . import swin  # noqa: E402,F401  (registers "swin")
+from . import linear  # noqa: E402,F401  (registers "linear")
+from . import mamba  # noqa: E402,F401  (registers "mamba")
+
+__all__ = ["Grid", "TokenMixer", "create_mixer", "get_mixer_class", "list_mixers", "register_mixer"]
