@@ -1,1 +1,7 @@
 """Experiment scripts: sweeps, measurements, training, data sets and the report."""
+import os
+
+# Quiet the profiler that measures CPU memory (kineto's start/stop lines, c10's notes about blocks allocated
+# before profiling); both are read when torch loads, so they are set before anything imports it.
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -1,6 +1,8 @@
 """The contract every token mixer keeps."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 Grid = tuple[int, int]
@@ -32,3 +34,9 @@ def check_tokens(x: Tensor, grid: Grid) -> None:
     H, W = grid
     if x.dim() != 3 or x.shape[1] != H * W:
         raise ValueError(f"expected x of shape (B, {H}*{W}={H * W}, C) for grid {grid}, got {tuple(x.shape)}")
+
+
+# MACs of custom ops that the counters cannot see into, by op name ("namespace::name"), as a function of the
+# shapes of the op's tensor inputs. A mixer that adds a custom op registers its formula here, so fvcore's
+# counter in experiments/ gets a handle for it without that code knowing the mixer.
+CUSTOM_OP_MACS: dict[str, Callable[[list[tuple[int, ...] | None]], int]] = {}

@@ -136,7 +136,8 @@ class ViT(nn.Module):
         dim = config.dim
         self.patch_embed = PatchEmbed(self.img_size, patch_size, in_chans, dim)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], dim))
-        drop_rates = torch.linspace(0, config.drop_path_rate, config.depth).tolist()
+        # Python floats, not torch.linspace, so the model can be built on the meta device for counting.
+        drop_rates = [config.drop_path_rate * i / max(config.depth - 1, 1) for i in range(config.depth)]
         self.blocks = nn.ModuleList(
             Block(
                 mixer,

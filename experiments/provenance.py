@@ -1,0 +1,57 @@
+"""Where a number came from: code version, software, hardware. Stamped on every row."""
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@lru_cache(maxsize=1)
+def git_state() -> tuple[str, bool]:
+    """(commit hash, dirty) of the checkout the code runs from; ("unknown", False) outside git."""
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        # results/ is excluded: a sweep writing its own rows must not mark the code it measures as dirty.
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"))
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+    return commit, dirty
+
+
+def device_name(device: torch.device) -> str:
+    """A human name for the device: the GPU model, or the CPU model from /proc/cpuinfo."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(device: torch.device) -> dict[str, object]:
+    """The provenance columns of a row (see experiments/schema.py)."""
+    commit, dirty = git_state()
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda or "",
+        "device_name": device_name(device),
+        "cpu_threads": torch.get_num_threads(),
+        "python_version": platform.python_version(),
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
