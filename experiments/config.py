@@ -1,0 +1,211 @@
+"""Sweep configurations: frozen dataclasses, loaded from TOML files and validated field by field.
+
+A config file holds the fields of `SweepConfig`; its optional `[[runs]]` tables each override some of them, and
+the sweep is the union of every run's grid (the embedded default measures cost on a grid of sizes and trains at
+one size). Command-line flags override the file, in every run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .point import Point, canonical_json
+from .timing import TimingProtocol
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+LAUNCHERS = ("local", "submitit")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field and what to do."""
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One sweep: the grid of points and how to measure them.
+
+    Every list field is crossed with the others: mixers x presets x img_sizes x patch_sizes x batch_sizes x seeds.
+    """
+
+    name: str = "custom"
+    description: str = ""
+    out: str = ""  # default: results/<name>
+    mixers: tuple[str, ...] = ()  # empty: every registered mixer
+    presets: tuple[str, ...] = ("micro",)
+    img_sizes: tuple[int, ...] = (32,)
+    patch_sizes: tuple[int, ...] = (4,)
+    batch_sizes: tuple[int, ...] = (1,)
+    seeds: tuple[int, ...] = (0,)
+    device: str = "cpu"
+    dtype: str = "float32"
+    epochs: int = 0
+    dataset: str = ""
+    data_dir: str = ""
+    data_path: str = ""
+    measure_train_step: bool = True
+    timeout_s: float = 1800.0
+    memory_limit_mb: int = 0  # CPU only: cap on what one point may allocate, 0 = none
+    num_threads: int = 0  # 0 = torch's default
+    launcher: str = "local"
+    overrides: dict = field(default_factory=dict)  # {"*" or mixer: {ViT field or "mixer_options": value}}
+    timing: dict = field(default_factory=dict)  # TimingProtocol fields
+    train: dict = field(default_factory=dict)  # TrainRecipe fields
+    runs: tuple[dict, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out or f"results/{self.name}")
+
+    def run_configs(self) -> list[SweepConfig]:
+        """The config of each `[[runs]]` table (fields of this config overridden), or this config alone."""
+        if not self.runs:
+            return [self]
+        configs = []
+        for index, run in enumerate(self.runs):
+            where = f"runs[{index}]"
+            unknown = set(run) - (RUN_FIELDS | {"name"})
+            if unknown:
+                raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; valid: "
+                                  f"{', '.join(sorted(RUN_FIELDS))}")
+            changes = {k: _as_field(k, v, where) for k, v in run.items() if k != "name"}
+            configs.append(dataclasses.replace(self, runs=(), **changes))
+        return configs
+
+    def points(self, available_mixers: list[str]) -> list[Point]:
+        """Every point of every run, ascending in token count within each mixer; validated."""
+        points: dict[tuple[str, ...], Point] = {}
+        for config in self.run_configs():
+            for point in config._grid(available_mixers):
+                points.setdefault(point.key, point)
+        return sorted(points.values(), key=lambda p: (*group_key(p), p.tokens, p.img_size))
+
+    def _grid(self, available_mixers: list[str]) -> list[Point]:
+        mixers = self.mixers or tuple(available_mixers)
+        unknown = [m for m in mixers if m not in available_mixers]
+        if unknown:
+            raise ConfigError(f"mixers: unknown mixer(s) {', '.join(unknown)}; registered: {', '.join(available_mixers)}")
+        bad = [(i, p) for i, p in itertools.product(self.img_sizes, self.patch_sizes) if i % p]
+        if bad:
+            pairs = ", ".join(f"{i}px/patch {p}" for i, p in bad)
+            raise ConfigError(f"patch_sizes: patch size does not divide the image for {pairs}; "
+                              "choose image sizes that are multiples of every patch size")
+        if self.epochs > 0 and not self.dataset:
+            raise ConfigError("dataset: epochs > 0 needs a data set (e.g. --dataset pathfinder)")
+        timing = TimingProtocol(**self.timing)
+        train = canonical_json(self.train)
+        return [
+            Point(
+                mixer=mixer, preset=preset, img_size=img, patch_size=patch, batch_size=batch,
+                device=self.device, dtype=self.dtype, dataset=self.dataset if self.epochs else "",
+                epochs=self.epochs, seed=seed, overrides=canonical_json(self.model_overrides(mixer)),
+                timing=timing, measure_train_step=self.measure_train_step, memory_limit_mb=self.memory_limit_mb,
+                num_threads=self.num_threads, data_dir=self.data_dir, data_path=self.data_path, train=train,
+            )
+            for mixer, preset, img, patch, batch, seed in itertools.product(
+                mixers, self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self.seeds
+            )
+        ]
+
+    def model_overrides(self, mixer: str) -> dict:
+        merged = {**self.overrides.get("*", {}), **self.overrides.get(mixer, {})}
+        return merged
+
+
+def group_key(point: Point) -> tuple[str, ...]:
+    """Points that differ only in size: once one runs out of memory, the larger ones are skipped."""
+    return (point.mixer, point.preset, point.overrides, str(point.batch_size), point.device, point.dtype,
+            point.dataset, str(point.epochs), str(point.seed))
+
+
+_TYPES = {f.name: f.type for f in dataclasses.fields(SweepConfig)}
+RUN_FIELDS = set(_TYPES) - {"runs", "name", "description", "out", "launcher"}
+
+
+def _as_field(name: str, value: object, where: str) -> object:
+    """Checks and converts a value read from TOML or the command line to the field's type."""
+    kind = _TYPES[name]
+    prefix = f"{where}: " if where else ""
+    if kind == "tuple[int, ...]":
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise ConfigError(f"{prefix}{name} must be a list of integers, got {value!r}")
+        return tuple(values)
+    if kind == "tuple[str, ...]":
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise ConfigError(f"{prefix}{name} must be a list of strings, got {value!r}")
+        return tuple(values)
+    expected = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict}.get(kind)
+    if expected and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+        raise ConfigError(f"{prefix}{name} must be of type {kind}, got {value!r}")
+    return float(value) if kind == "float" else value
+
+
+def check_fields(config: SweepConfig, where: str) -> None:
+    prefix = f"{where}: " if where else ""
+    for name in ("img_sizes", "patch_sizes", "batch_sizes"):
+        values = getattr(config, name)
+        if not values:
+            raise ConfigError(f"{prefix}{name} must not be empty")
+        if any(v < 1 for v in values):
+            raise ConfigError(f"{prefix}{name} must be >= 1, got {list(values)}")
+    if config.device not in DEVICES:
+        raise ConfigError(f"{prefix}device must be one of {', '.join(DEVICES)}, got {config.device!r}")
+    if config.dtype not in DTYPES:
+        raise ConfigError(f"{prefix}dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    if config.launcher not in LAUNCHERS:
+        raise ConfigError(f"{prefix}launcher must be one of {', '.join(LAUNCHERS)}, got {config.launcher!r}")
+    if config.epochs < 0:
+        raise ConfigError(f"{prefix}epochs must be >= 0, got {config.epochs}")
+    if config.timeout_s <= 0:
+        raise ConfigError(f"{prefix}timeout_s must be > 0, got {config.timeout_s}")
+    try:
+        TimingProtocol(**config.timing)
+    except TypeError as error:
+        raise ConfigError(f"{prefix}timing: {error}; valid: warmup, min_repeats, min_time_s, max_repeats") from None
+    json.dumps(config.overrides)
+
+
+def config_from_dict(values: dict, source: str) -> SweepConfig:
+    """Builds a validated config; every error names `source` and the field."""
+    unknown = set(values) - set(_TYPES)
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}; valid fields: "
+                          f"{', '.join(sorted(_TYPES))}")
+    try:
+        converted = {k: _as_field(k, v, source) if k != "runs" else tuple(v) for k, v in values.items()}
+        return SweepConfig(**converted)
+    except ConfigError as error:
+        message = str(error)
+        raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
+
+
+def named_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def load_config(name_or_path: str) -> tuple[dict, str]:
+    """The raw fields of a named config (experiments/configs/NAME.toml) or a TOML file path, and its source."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONFIG_DIR / f"{name_or_path}.toml"
+    if not path.exists():
+        raise ConfigError(f"no config {name_or_path!r}; named configs: {', '.join(named_configs())}, or give a .toml path")
+    try:
+        return tomllib.loads(path.read_text()), path.name
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML ({error})") from None

@@ -1,0 +1,70 @@
+"""Runs one point in a child process, so an out-of-memory, a hang or a hard crash costs only that point.
+
+The child is forked from the sweep process, which has imported torch but never touched a GPU, so a point
+starts in milliseconds instead of paying torch's import again, and CUDA is initialised fresh in each child.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import resource
+import signal
+import traceback
+from collections.abc import Callable
+
+from .point import Point
+
+Row = dict[str, object]
+
+
+def _limit_address_space(extra_mb: int) -> None:
+    """Caps what the child may add to its address space (CPU runs), to emulate a machine with less memory."""
+    with open("/proc/self/status") as f:
+        current_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    limit = (current_kb * 1024) + extra_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _child(target: Callable[[Point], Row], point: Point, conn) -> None:
+    try:
+        if point.memory_limit_mb:
+            _limit_address_space(point.memory_limit_mb)
+        conn.send(target(point))
+    except BaseException as error:  # noqa: BLE001 - report, never die silently
+        conn.send({"status": "error", "error": f"worker: {type(error).__name__}: {error}"[:500],
+                   "traceback": traceback.format_exc()})
+    finally:
+        conn.close()
+
+
+def run_isolated(target: Callable[[Point], Row], point: Point, timeout_s: float) -> Row:
+    """`target(point)` in a fresh child; a timeout or a dead child becomes a row with that status."""
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(method)
+    receive, send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child, args=(target, point, send), daemon=True)
+    process.start()
+    send.close()
+    try:
+        if receive.poll(timeout_s):
+            try:
+                row = receive.recv()
+            except EOFError:
+                row = None
+        else:
+            row = {"status": "timeout", "error": f"no result within {timeout_s:g} s; the worker was killed"}
+    finally:
+        if process.is_alive():
+            process.join(5 if row is not None and row.get("status") != "timeout" else 0)
+        if process.is_alive():
+            process.kill()
+        process.join()
+    if row is None:
+        row = _death_row(process.exitcode)
+    row.pop("traceback", None)
+    return row
+
+
+def _death_row(exitcode: int | None) -> Row:
+    if exitcode == -signal.SIGKILL:
+        return {"status": "oom", "error": "worker killed by SIGKILL, the usual sign of the kernel's OOM killer"}
+    return {"status": "error", "error": f"worker died with exit code {exitcode} before reporting"}

@@ -1,0 +1,168 @@
+"""Measures one point in the current process: parameters, MACs (three ways), latency, peak memory, training.
+
+Called inside an isolated worker (experiments/isolation.py), so an out-of-memory or a crash costs one point.
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+
+from models import ViT, create_vit
+
+from .counting import flop_counter_flops, fvcore_macs
+from .memory import peak_memory
+from .point import Point
+from .provenance import provenance
+from .timing import time_call
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's / Python's refusal to allocate."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in OOM_MARKERS)
+
+
+def build_model(point: Point, *, num_classes: int = 1000, in_chans: int = 3, device: str | None = None) -> ViT:
+    overrides = json.loads(point.overrides)
+    mixer_options = overrides.pop("mixer_options", None)
+    with torch.device(device or point.device):
+        return create_vit(
+            point.preset,
+            mixer=point.mixer,
+            img_size=point.img_size,
+            patch_size=point.patch_size,
+            num_classes=num_classes,
+            in_chans=in_chans,
+            mixer_options=mixer_options,
+            **overrides,
+        )
+
+
+def describe(point: Point, model: ViT) -> dict[str, object]:
+    """Columns known before anything runs."""
+    return {
+        "tokens": model.tokens,
+        "grid_h": model.grid[0],
+        "grid_w": model.grid[1],
+        "dim": model.config.dim,
+        "depth": model.config.depth,
+        "num_heads": model.config.num_heads,
+        "mlp_ratio": model.config.mlp_ratio,
+        "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "macs_analytic": model.macs(),
+    }
+
+
+def count_on_meta(point: Point, in_chans: int, num_classes: int) -> int:
+    """FlopCounterMode FLOPs for one image on the meta device: no memory, so even out-of-memory points get it."""
+    model = build_model(point, num_classes=num_classes, in_chans=in_chans, device="meta").eval()
+    example = torch.empty(1, in_chans, point.img_size, point.img_size, device="meta")
+    return flop_counter_flops(model, example)
+
+
+def measure_inference(model: ViT, point: Point, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
+    model.eval().to(dtype)
+    x = torch.randn(point.batch_size, model.in_chans, *model.img_size, device=device, dtype=dtype)
+
+    def forward() -> None:
+        with torch.inference_mode():
+            model(x)
+
+    timing = time_call(forward, device, point.timing)
+    memory = peak_memory(forward, device)
+    return {
+        "latency_ms": timing.median_ms,
+        "latency_iqr_ms": timing.iqr_ms,
+        "latency_repeats": timing.repeats,
+        "throughput_img_s": point.batch_size / (timing.median_ms / 1e3),
+        "peak_mem_mb": memory.allocated_mb,
+        "peak_mem_reserved_mb": memory.reserved_mb,
+        "memory_method": memory.method,
+        "impl": model.impl,
+    }
+
+
+def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
+    """One optimizer step on random data: fp32 master weights, autocast to `dtype` when it is not float32."""
+    model.train().float()
+    x = torch.randn(point.batch_size, model.in_chans, *model.img_size, device=device)
+    y = torch.randint(0, model.num_classes, (point.batch_size,), device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    timing = time_call(step, device, point.timing)  # warm-up also creates the optimizer state
+    memory = peak_memory(step, device)
+    return {
+        "train_step_ms": timing.median_ms,
+        "train_step_iqr_ms": timing.iqr_ms,
+        "train_throughput_img_s": point.batch_size / (timing.median_ms / 1e3),
+        "train_peak_mem_mb": memory.allocated_mb,
+    }
+
+
+def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[str, object]:
+    """Trains a fresh model on the point's data set and evaluates it (experiments/train.py)."""
+    from .datasets import build_dataset
+    from .train import TrainRecipe, train_and_evaluate
+
+    recipe = TrainRecipe(epochs=point.epochs, **json.loads(point.train))
+    bundle = build_dataset(
+        point.dataset, img_size=point.img_size, data_dir=point.data_dir or None,
+        data_path=point.data_path or None, seed=point.seed,
+    )
+    torch.manual_seed(point.seed)
+    model = build_model(point, num_classes=bundle.num_classes, in_chans=bundle.in_chans)
+    result = train_and_evaluate(model, bundle.train, bundle.test, recipe, device=device, dtype=dtype, seed=point.seed)
+    row = result.to_row()
+    row["status"] = result.status
+    if result.error:
+        row["error"] = result.error
+    return row
+
+
+def measure_point(point: Point) -> dict[str, object]:
+    """Produces the row for `point`; never raises for a failure of the point itself (it becomes the status)."""
+    started = time.perf_counter()
+    if point.num_threads:
+        torch.set_num_threads(point.num_threads)
+    device = torch.device(point.device)
+    dtype = DTYPES[point.dtype]
+    row: dict[str, object] = {"status": "ok", "error": ""}
+    try:
+        torch.manual_seed(point.seed)
+        model = build_model(point)
+        row.update(describe(point, model))
+        row["flops_counted"] = count_on_meta(point, model.in_chans, model.num_classes)
+        row.update(measure_inference(model, point, dtype, device))
+        if point.measure_train_step:
+            row.update(measure_train_step(model, point, dtype, device))
+        with torch.no_grad():
+            example = torch.randn(1, model.in_chans, *model.img_size, device=device)
+            row["macs"] = fvcore_macs(model.eval().float(), example)
+        del model
+        if point.epochs > 0:
+            row.update(train_point(point, device, dtype))
+    except Exception as error:  # noqa: BLE001 - any failure of this point is recorded, never raised
+        row["status"] = "oom" if is_out_of_memory(error) else "error"
+        row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+    if "macs_analytic" in row:  # known even past the memory wall, so cost curves continue there
+        row["gmacs"] = row["macs_analytic"] / 1e9
+        row["gflops"] = 2 * row["gmacs"]
+    row.update(provenance(device))
+    row["point_seconds"] = time.perf_counter() - started
+    return row

@@ -1,0 +1,58 @@
+"""One point of a sweep: a configuration to build, measure and (optionally) train."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .schema import KEY_COLUMNS
+from .timing import TimingProtocol
+
+
+@dataclass(frozen=True)
+class Point:
+    """Everything a worker needs to produce one row; the key fields identify the row in runs.csv."""
+
+    mixer: str
+    preset: str
+    img_size: int
+    patch_size: int
+    batch_size: int
+    device: str = "cpu"
+    dtype: str = "float32"
+    dataset: str = ""
+    epochs: int = 0
+    seed: int = 0
+    overrides: str = "{}"  # JSON: ViTConfig overrides and "mixer_options", sorted keys
+    # how to measure (not part of the key)
+    timing: TimingProtocol = field(default_factory=TimingProtocol)
+    measure_train_step: bool = True
+    memory_limit_mb: int = 0
+    num_threads: int = 0
+    data_dir: str = ""
+    data_path: str = ""
+    train: str = "{}"  # JSON of TrainRecipe fields
+
+    @property
+    def tokens(self) -> int:
+        return (self.img_size // self.patch_size) ** 2
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return point_key(asdict(self))
+
+    def label(self) -> str:
+        extra = f" {self.overrides}" if self.overrides != "{}" else ""
+        train = f" {self.dataset} x{self.epochs}ep" if self.epochs else ""
+        return (
+            f"{self.mixer} {self.preset}{extra} {self.img_size}px/p{self.patch_size} "
+            f"N={self.tokens} b{self.batch_size} {self.dtype}{train}"
+        )
+
+
+def canonical_json(value: dict) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def point_key(row: dict) -> tuple[str, ...]:
+    """A row's identity as strings, so a point read back from CSV compares equal to one about to run."""
+    return tuple(str(row.get(column, "")) for column in KEY_COLUMNS)

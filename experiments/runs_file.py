@@ -1,0 +1,79 @@
+"""runs.csv: append-only, one row per point, safe against being killed at any moment.
+
+Each row is written with a single `write` of a complete line followed by `fsync`, so a run killed mid-sweep
+(SIGKILL included) loses no row that was written. If the machine dies inside that write, the half line has no
+newline: reading ignores it and the next append cuts it off before writing.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+from .point import point_key
+from .schema import COLUMNS
+
+
+class RunsFileError(ValueError):
+    """runs.csv cannot be used as it is; the message says what to do."""
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Complete rows of `path` (none if it does not exist), checking the header is this version's."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if not text:
+        return []
+    complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(complete))
+    header = tuple(reader.fieldnames or ())
+    if header != COLUMNS:
+        missing = [c for c in COLUMNS if c not in header]
+        raise RunsFileError(
+            f"{path} was written with other columns (missing: {', '.join(missing) or 'none'}; "
+            f"{len(header)} vs {len(COLUMNS)} columns); move it away or choose another --out"
+        )
+    return list(reader)
+
+
+def _drop_partial_line(path: Path) -> None:
+    with path.open("rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def append_row(path: Path, row: dict[str, object]) -> None:
+    """Appends one complete row, writing the header first when the file is new."""
+    unknown = set(row) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    if not path.exists() or path.stat().st_size == 0:
+        writer.writeheader()
+    else:
+        _drop_partial_line(path)
+    writer.writerow({column: _cell(row.get(column)) for column in COLUMNS})
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, buffer.getvalue().encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _cell(value: object) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
+def latest_by_key(rows: list[dict[str, str]]) -> dict[tuple[str, ...], dict[str, str]]:
+    """The last row written for each point (a retried point appends a newer row)."""
+    return {point_key(row): row for row in rows}

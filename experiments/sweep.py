@@ -1,0 +1,209 @@
+"""Run a sweep: every point isolated, one row per point appended to <out>/runs.csv, then the report.
+
+    python -m experiments.sweep                       # the embedded default (CPU, minutes, no download)
+    python -m experiments.sweep --config quadratic_wall --device cuda
+    python -m experiments.sweep --mixers attention linear --img-sizes 64 128 --patch-sizes 8 --out results/mine
+
+Rerunning a sweep skips the points already in runs.csv, so an interrupted sweep resumes where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from .config import ConfigError, SweepConfig, config_from_dict, group_key, load_config, named_configs
+from .point import Point
+from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
+from .schema import KEY_COLUMNS
+
+# Flags that override config fields: flag name -> (field, argparse kwargs)
+_FIELD_FLAGS = {
+    "mixers": dict(nargs="+", metavar="NAME", help="mixers to run (registry keys); default: all registered"),
+    "presets": dict(nargs="+", metavar="NAME", help="backbone presets: micro, tiny, small, base"),
+    "img_sizes": dict(nargs="+", type=int, metavar="PX", help="input sides in pixels (square images)"),
+    "patch_sizes": dict(nargs="+", type=int, metavar="PX", help="patch sides in pixels; must divide every image size"),
+    "batch_sizes": dict(nargs="+", type=int, metavar="B", help="batch sizes for the cost measurements"),
+    "seeds": dict(nargs="+", type=int, metavar="S", help="random seeds (weights, data order)"),
+    "device": dict(choices=["cpu", "cuda"], help="where to run"),
+    "dtype": dict(choices=["float32", "bfloat16", "float16"], help="inference dtype; training uses autocast to it"),
+    "epochs": dict(type=int, help="training epochs per point; 0 measures cost only"),
+    "dataset": dict(help="data set to train on: pathfinder, pathfinder_scaled, cifar10, cifar100, npz, imagefolder"),
+    "data_dir": dict(metavar="DIR", help="folder of cifar10/cifar100/imagefolder data"),
+    "data_path": dict(metavar="FILE", help="the .npz file for --dataset npz"),
+    "timeout_s": dict(type=float, metavar="S", help="per-point time limit; a point over it is recorded as timeout"),
+    "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on what one point may allocate (emulates less memory)"),
+    "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: torch's default)"),
+    "launcher": dict(choices=["local", "submitit"], help="local: one isolated process per point; submitit: a job per point"),
+    "out": dict(metavar="DIR", help="results folder (default: results/<config name>)"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit status 2, no usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m experiments.sweep",
+        description=__doc__.split("\n\n")[0] + " With no arguments it runs the embedded default sweep "
+        "(all built-in mixers, micro preset, CPU, 64 to 4096 tokens, a short pathfinder training run) into "
+        "results/default/. Command-line flags override the chosen --config.",
+        epilog="Fields not given on the command line come from the config file; see experiments/configs/.",
+    )
+    parser.add_argument("--config", default="default", metavar="NAME|PATH",
+                        help=f"named config ({', '.join(named_configs())}) or a TOML file; default: default")
+    for name, kwargs in _FIELD_FLAGS.items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, **kwargs)
+    parser.add_argument("--slurm", default=None, metavar="PARTITION",
+                        help="with --launcher submitit: submit to this Slurm partition (default: run jobs locally)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="rerun points whose last row is error, timeout, oom or skipped (appends newer rows)")
+    parser.add_argument("--no-report", action="store_true", help="do not rebuild tables and plots at the end")
+    parser.add_argument("--dry-run", action="store_true", help="list the points that would run, and stop")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SweepConfig:
+    values, source = load_config(args.config)
+    flags = {name: getattr(args, name) for name in _FIELD_FLAGS if getattr(args, name) is not None}
+    values = {**values, **flags}
+    if flags and values.get("runs"):
+        run_flags = {k: v for k, v in flags.items() if k not in ("out", "launcher")}
+        values["runs"] = [{**run, **run_flags} for run in values["runs"]]
+    return config_from_dict(values, source)
+
+
+def skipped_row(point: Point, oom_tokens: int) -> dict[str, object]:
+    return {"status": "skipped", "tokens": point.tokens,
+            "error": f"not attempted: {point.mixer} ran out of memory at {oom_tokens} tokens"}
+
+
+def key_columns(point: Point) -> dict[str, object]:
+    return {column: getattr(point, column) for column in KEY_COLUMNS}
+
+
+def pending_points(points: list[Point], done: dict, retry_failed: bool) -> list[Point]:
+    def needs_run(point: Point) -> bool:
+        row = done.get(point.key)
+        return row is None or (retry_failed and row["status"] not in ("ok", "diverged"))
+
+    return [p for p in points if needs_run(p)]
+
+
+def known_oom(done: dict, retry_failed: bool) -> dict[tuple[str, ...], int]:
+    """Smallest token count that ran out of memory, per group, from rows already written."""
+    if retry_failed:
+        return {}
+    oom: dict[tuple[str, ...], int] = {}
+    for row in done.values():
+        if row["status"] == "oom" and row.get("tokens"):
+            group = tuple(row[c] for c in ("mixer", "preset", "overrides", "batch_size", "device", "dtype",
+                                           "dataset", "epochs", "seed"))
+            oom[group] = min(oom.get(group, 1 << 62), int(row["tokens"]))
+    return oom
+
+
+def summary_line(point: Point, row: dict) -> str:
+    if row.get("status") != "ok":
+        return f"{row.get('status', '?'):>8}  {point.label()}  {row.get('error', '')}"[:220]
+    parts = [f"{row['latency_ms']:.1f} ms", f"{row['peak_mem_mb']:.1f} MiB", f"{row['gmacs']:.3g} GMACs"]
+    if row.get("train_step_ms"):
+        parts.append(f"train {row['train_step_ms']:.1f} ms")
+    if row.get("accuracy") not in (None, ""):
+        parts.append(f"acc {row['accuracy']:.3f}")
+    return f"{'ok':>8}  {point.label()}  " + ", ".join(parts)
+
+
+def run_sweep(config: SweepConfig, *, retry_failed: bool = False, progress: bool = True,
+              slurm_partition: str | None = None) -> Path:
+    """Runs every pending point of `config`, appending rows to <out>/runs.csv; returns that path."""
+    from tqdm import tqdm
+
+    from mixers import list_mixers
+
+    from .launchers import make_launcher
+
+    points = config.points(list_mixers())
+    runs_path = config.out_dir / "runs.csv"
+    done = latest_by_key(read_rows(runs_path))
+    todo = pending_points(points, done, retry_failed)
+    oom_at = known_oom(done, retry_failed)
+    launcher = make_launcher(config, slurm_partition)
+    bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
+    bar.write(f"{config.name}: {len(points)} points, {len(points) - len(todo)} already in {runs_path}, "
+              f"{len(todo)} to run")
+
+    def record(point: Point, row: dict) -> None:
+        row = {**row, **key_columns(point)}
+        append_row(runs_path, row)
+        if row.get("status") == "oom":
+            group = group_key(point)
+            oom_at[group] = min(oom_at.get(group, 1 << 62), point.tokens)
+        bar.write(summary_line(point, row))
+        bar.update(1)
+
+    def should_skip(point: Point) -> int | None:
+        limit = oom_at.get(group_key(point))
+        return limit if limit is not None and point.tokens >= limit else None
+
+    try:
+        launcher.run(todo, record, should_skip, skipped_row, bar)
+    finally:
+        bar.close()
+    return runs_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+        from mixers import list_mixers
+
+        points = config.points(list_mixers())
+        check_environment(config)
+        read_rows(config.out_dir / "runs.csv")  # refuse a foreign runs.csv before running anything
+    except (ConfigError, RunsFileError) as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for point in points:
+            print(point.label())
+        return 0
+    started = time.perf_counter()
+    try:
+        runs_path = run_sweep(config, retry_failed=args.retry_failed, progress=not args.quiet,
+                              slurm_partition=args.slurm)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; rows written so far are kept in {config.out_dir / 'runs.csv'}; "
+              "rerun the same command to resume", file=sys.stderr)
+        return 130
+    print(f"runs: {runs_path} ({time.perf_counter() - started:.0f} s)")
+    if not args.no_report:
+        from .report import build_report
+
+        written = build_report(config.out_dir)
+        print(f"report: {len(written)} files in {config.out_dir}/ (summary: {config.out_dir / 'summary.md'})")
+    return 0
+
+
+def check_environment(config: SweepConfig) -> None:
+    """Problems that would fail every point: say so once, before running any."""
+    import torch
+
+    for run in config.run_configs():
+        if run.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device: cuda was asked for but torch sees no CUDA device; use --device cpu")
+        if run.epochs > 0:
+            from .datasets import check_dataset_available
+
+            check_dataset_available(run.dataset, data_dir=run.data_dir or None, data_path=run.data_path or None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
