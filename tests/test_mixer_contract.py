@@ -123,3 +123,13 @@ def test_registry_refuses_duplicates_and_non_mixers() -> None:
         register_mixer("attention")(mixers.get_mixer_class("linear"))
     with pytest.raises(TypeError, match="subclass of mixers.TokenMixer"):
         register_mixer("not_a_mixer")(torch.nn.Linear)
+
+
+@pytest.mark.parametrize("name", list_mixers())
+def test_inference_then_training(name: str) -> None:
+    """Whatever a mixer caches during an inference_mode forward must still serve a training forward."""
+    mixer = build(name, layer_idx=1)
+    x = torch.randn(1, 63, DIM)
+    with torch.inference_mode():
+        mixer(x, (7, 9))
+    mixer.train()(x.requires_grad_(), (7, 9)).sum().backward()
