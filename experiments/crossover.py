@@ -1,0 +1,275 @@
+"""Scaling analysis of cost-vs-token-count curves: fitted exponents and crossover token counts.
+
+A *curve* is the cost of one mixer as the token count N grows with everything else held fixed. This module
+decides which key columns separate curves, fits the scaling exponent of each curve, and finds the N where
+one mixer becomes cheaper than a reference. It reads tidy `runs.csv` frames only (no plotting, no torch).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from experiments.schema import KEY_COLUMNS
+
+# The exponent is the slope over the largest sizes only: at small N the linear parts of the model (patch
+# embedding, MLPs, projections) dominate and would pull every mixer's slope towards 1.
+FIT_POINTS = 3
+
+# Built-in mixers in display order; a mixer a user adds sorts after them, alphabetically.
+BUILTIN_MIXERS: tuple[str, ...] = ("attention", "attention_naive", "swin", "linear", "mamba")
+
+# Costs whose ratio is within this of 1 (in log) at every point are equal, not "never cheaper".
+EQUAL_TOLERANCE = 1e-6
+
+# Mixers that the others are compared against.
+REFERENCES: tuple[str, ...] = ("attention", "attention_naive")
+
+# Cost columns analysed, in display order, with the short name used in table headers.
+COST_METRICS: dict[str, str] = {
+    "latency_ms": "latency",
+    "peak_mem_mb": "peak memory",
+    "gmacs": "MACs",
+    "train_step_ms": "train step",
+    "train_peak_mem_mb": "train peak memory",
+}
+
+# Replicates, not settings: a curve takes the median over them instead of splitting on them.
+REPLICATE_KEYS: tuple[str, ...] = ("seed",)
+
+# Columns that place a point along a curve rather than pick the curve.
+AXIS_KEYS: tuple[str, ...] = ("mixer", "img_size", "patch_size")
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where a mixer's cost ratio to a reference falls below 1 within the measured token counts.
+
+    Attributes:
+        kind: "crosses" (more expensive at small N, cheaper from `tokens` on), "only_below" (cheaper at small N,
+            more expensive from `tokens` on), "always" (cheaper at every common N), "never" (cheaper at none),
+            "equal" (the same cost at every common N, as MACs of two implementations of one function), or
+            "no_data" (no token count where both were measured).
+        tokens: the interpolated token count of the crossing, for "crosses" and "only_below".
+    """
+
+    kind: str
+    tokens: float | None = None
+
+    def describe(self) -> str:
+        """A short phrase for tables, e.g. "N ≈ 1,234" or "never in range"."""
+        if self.kind == "crosses":
+            return f"N ≈ {self.tokens:,.0f}"
+        if self.kind == "only_below":
+            return f"only below N ≈ {self.tokens:,.0f}"
+        return {"always": "always cheaper", "never": "never in range", "equal": "equal cost",
+                "no_data": "no common points"}[self.kind]
+
+
+def fit_exponent(tokens: np.ndarray, cost: np.ndarray, n_points: int = FIT_POINTS) -> tuple[float, np.ndarray]:
+    """Slope of log(cost) against log(N) over the `n_points` largest token counts.
+
+    Args:
+        tokens: token counts N, any order.
+        cost: the cost at each N; non-positive and missing values are ignored.
+        n_points: how many of the largest N enter the least-squares fit.
+
+    Returns:
+        The exponent (NaN with fewer than two usable points) and the token counts that entered the fit.
+    """
+    tokens = np.asarray(tokens, dtype=float)
+    cost = np.asarray(cost, dtype=float)
+    usable = np.isfinite(tokens) & np.isfinite(cost) & (tokens > 0) & (cost > 0)
+    order = np.argsort(tokens[usable])
+    n_used, c_used = tokens[usable][order][-n_points:], cost[usable][order][-n_points:]
+    if np.unique(n_used).size < 2:
+        return math.nan, n_used
+    slope = np.polyfit(np.log(n_used), np.log(c_used), 1)[0]
+    return float(slope), n_used
+
+
+def find_crossover(tokens: np.ndarray, cost: np.ndarray, ref_cost: np.ndarray) -> Crossover:
+    """Token count where `cost` falls below `ref_cost`, interpolated linearly in log-log space.
+
+    Between two adjacent measured N the log of the cost ratio is taken as linear in log N (exact when both costs
+    are power laws), and the crossing is where it reaches 0. When the ratio crosses more than once (noisy
+    latencies), the crossing reported is the last one, after which the ordering holds to the largest N.
+
+    Args:
+        tokens: token counts measured for both mixers.
+        cost: the mixer's cost at each N.
+        ref_cost: the reference's cost at each N.
+
+    Returns:
+        The crossover; a ratio of exactly 1 counts as not cheaper.
+    """
+    tokens, cost, ref_cost = (np.asarray(a, dtype=float) for a in (tokens, cost, ref_cost))
+    usable = np.isfinite(tokens) & (tokens > 0) & (cost > 0) & (ref_cost > 0)
+    usable &= np.isfinite(cost) & np.isfinite(ref_cost)
+    if not usable.any():
+        return Crossover("no_data")
+    order = np.argsort(tokens[usable])
+    log_n = np.log(tokens[usable][order])
+    log_ratio = np.log(cost[usable][order] / ref_cost[usable][order])
+    if np.allclose(log_ratio, 0, atol=EQUAL_TOLERANCE):
+        return Crossover("equal")
+    cheaper = log_ratio < 0
+    if cheaper.all():
+        return Crossover("always")
+    if not cheaper.any():
+        return Crossover("never")
+    # The last index before the final change of ordering: the segment (i, i + 1) holds the last crossing.
+    i = int(np.flatnonzero(cheaper[:-1] != cheaper[1:])[-1])
+    t = log_ratio[i] / (log_ratio[i] - log_ratio[i + 1])
+    crossing = float(np.exp(log_n[i] + t * (log_n[i + 1] - log_n[i])))
+    return Crossover("crosses" if cheaper[-1] else "only_below", crossing)
+
+
+def mixer_rank(name: str) -> tuple[int, str]:
+    """Sort key that puts the built-in mixers first, in their fixed order."""
+    return (BUILTIN_MIXERS.index(name) if name in BUILTIN_MIXERS else len(BUILTIN_MIXERS), name)
+
+
+def varying_keys(runs: pd.DataFrame) -> list[str]:
+    """Key columns that take more than one value in the sweep, in schema order."""
+    return [c for c in KEY_COLUMNS if runs[c].nunique(dropna=False) > 1]
+
+
+def facet_keys(runs: pd.DataFrame) -> list[str]:
+    """Varying key columns that are settings: neither a point's place on a curve nor a replicate."""
+    return [c for c in varying_keys(runs) if c not in AXIS_KEYS + REPLICATE_KEYS]
+
+
+def curve_keys(runs: pd.DataFrame) -> list[str]:
+    """Key columns (besides `mixer`) that separate one cost-vs-tokens curve from another.
+
+    The patch size is held fixed along a curve, so N grows with the image as in a resolution sweep. A sweep
+    over patch sizes at one image size has no such curve with two points; there the curve runs over patch
+    sizes at a fixed image size instead.
+    """
+    keys = facet_keys(runs)
+    if runs["patch_size"].nunique() < 2:
+        return keys
+    per_patch = runs.groupby(keys + ["mixer", "patch_size"])["tokens"].nunique()
+    if (per_patch >= 2).any():
+        return keys + ["patch_size"]
+    return keys + ["img_size"] if runs["img_size"].nunique() > 1 else keys
+
+
+def curve_points(runs: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFrame:
+    """The ok measurements of `metric` per curve and N, median over replicates.
+
+    Args:
+        runs: the loaded runs.
+        metric: a cost column.
+        keys: the curve keys (from `curve_keys`).
+
+    Returns:
+        Columns `keys + ["mixer", "tokens", metric]`, sorted by curve and N, without missing values.
+    """
+    ok = runs[(runs["status"] == "ok") & runs[metric].notna()]
+    points = ok.groupby(keys + ["mixer", "tokens"], as_index=False)[metric].median()
+    return points.sort_values(keys + ["mixer", "tokens"], ignore_index=True)
+
+
+def iter_groups(frame: pd.DataFrame, keys: list[str]) -> Iterator[tuple[dict, pd.DataFrame]]:
+    """`groupby` that also works with no keys: yields (dict of key values, sub-frame), sorted by the keys."""
+    if not keys:
+        yield {}, frame
+        return
+    for values, sub in frame.groupby(keys, sort=True):
+        yield dict(zip(keys, values)), sub
+
+
+def exponent_table(runs: pd.DataFrame, n_points: int = FIT_POINTS) -> pd.DataFrame:
+    """Fitted scaling exponent of every curve and cost metric.
+
+    Returns:
+        Long format: curve keys, `mixer`, `metric`, `exponent`, `points` (how many entered the fit),
+        `tokens_min` and `tokens_max` (the fitted range).
+    """
+    keys = curve_keys(runs)
+    rows = []
+    for metric in _present_metrics(runs):
+        for key_values, curve in iter_groups(curve_points(runs, metric, keys), keys + ["mixer"]):
+            exponent, used = fit_exponent(curve["tokens"], curve[metric], n_points)
+            rows.append({**key_values, "metric": metric, "exponent": exponent, "points": len(used),
+                         "tokens_min": used.min() if len(used) else math.nan,
+                         "tokens_max": used.max() if len(used) else math.nan})
+    return pd.DataFrame(rows, columns=keys + ["mixer", "metric", "exponent", "points", "tokens_min", "tokens_max"])
+
+
+def crossover_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Crossover of every mixer against each reference mixer present, per curve and cost metric.
+
+    The image size at the crossing is `sqrt(N) * patch` for the curve's patch size, or for every patch size of
+    the sweep when curves run over patch sizes (columns `img_px_p<patch>`).
+
+    Returns:
+        Long format: curve keys, `mixer`, `reference`, `metric`, `kind`, `tokens`, `img_px_p<patch>` columns,
+        `description` (table phrase) and `note` (where either mixer stopped running, e.g. out of memory).
+    """
+    keys = curve_keys(runs)
+    patches = sorted(runs["patch_size"].unique())
+    img_columns = [f"img_px_p{p}" for p in patches]
+    rows = []
+    for metric in [m for m in ("latency_ms", "peak_mem_mb", "gmacs") if m in _present_metrics(runs)]:
+        points = curve_points(runs, metric, keys)
+        for key_values, group in iter_groups(points, keys):
+            for reference in [r for r in REFERENCES if r in set(group["mixer"])]:
+                ref = group[group["mixer"] == reference].set_index("tokens")[metric]
+                for mixer in sorted(set(group["mixer"]) - {reference}, key=mixer_rank):
+                    own = group[group["mixer"] == mixer].set_index("tokens")[metric]
+                    common = own.index.intersection(ref.index)
+                    crossover = find_crossover(common, own[common], ref[common])
+                    last_common = common.max() if len(common) else -math.inf
+                    row = {**key_values, "mixer": mixer, "reference": reference, "metric": metric,
+                           "kind": crossover.kind, "tokens": crossover.tokens,
+                           "description": crossover.describe(),
+                           "note": _failure_note(runs, key_values, (mixer, reference), last_common)}
+                    if crossover.tokens is not None:
+                        # A curve at one patch size says nothing about the image size at another.
+                        for p in [key_values["patch_size"]] if "patch_size" in key_values else patches:
+                            row[f"img_px_p{p}"] = math.sqrt(crossover.tokens) * p
+                    rows.append(row)
+    columns = keys + ["mixer", "reference", "metric", "kind", "tokens"] + img_columns + ["description", "note"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def first_failures(runs: pd.DataFrame) -> pd.DataFrame:
+    """The smallest N at which each mixer stopped running, per curve: where a curve ends early.
+
+    Returns:
+        Curve keys, `mixer`, `tokens`, `status` for the first non-ok point beyond the largest ok point.
+    """
+    keys = curve_keys(runs)
+    rows = []
+    for key_values, curve in iter_groups(runs, keys + ["mixer"]):
+        ok_tokens = curve.loc[curve["status"] == "ok", "tokens"]
+        last_ok = ok_tokens.max() if len(ok_tokens) else -math.inf
+        failed = curve[(curve["status"] != "ok") & (curve["tokens"] > last_ok)].sort_values("tokens")
+        if len(failed):
+            rows.append({**key_values, "tokens": failed["tokens"].iloc[0], "status": failed["status"].iloc[0]})
+    return pd.DataFrame(rows, columns=keys + ["mixer", "tokens", "status"])
+
+
+def _failure_note(runs: pd.DataFrame, key_values: dict, mixers: tuple[str, str], last_common: float) -> str:
+    """Why a comparison stops at `last_common`: e.g. "attention_naive oom from N = 4,096"."""
+    sub = runs
+    for key, value in key_values.items():
+        sub = sub[sub[key] == value]
+    notes = []
+    for mixer in mixers:
+        failed = sub[(sub["mixer"] == mixer) & (sub["status"] != "ok") & (sub["tokens"] > last_common)]
+        if len(failed):
+            first = failed.sort_values("tokens").iloc[0]
+            notes.append(f"{mixer} {first['status']} from N = {first['tokens']:,.0f}")
+    return "; ".join(notes)
+
+
+def _present_metrics(runs: pd.DataFrame) -> list[str]:
+    """Cost metrics with at least one value in the sweep."""
+    return [m for m in COST_METRICS if m in runs and runs[m].notna().any()]

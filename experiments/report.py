@@ -1,0 +1,304 @@
+"""Rebuild a sweep's tables, figures and summary from its `runs.csv` alone.
+
+    python -m experiments.report results/<sweep>
+
+writes into the sweep folder:
+    summary.md                       what was measured, how it was counted, where it ran; links everything below
+    tables/costs.{csv,md,tex}        one row per point: params, GMACs, latency, memory, train step, accuracy, status
+    tables/exponents.{csv,md,tex}    fitted scaling exponent k of cost ~ N^k per mixer and metric
+    tables/crossovers.{csv,md,tex}   token count where each mixer becomes cheaper than attention(_naive)
+    figures/wall*.{png,pdf}          latency, memory and GMACs against tokens (training step in wall_train*)
+    figures/patch_resolution*        the same N reached by different (image, patch) pairs, with >1 patch size
+    figures/accuracy_cost*           accuracy against GMACs and latency with the Pareto front, with accuracy
+
+The report reads files, never models: it imports pandas, seaborn and matplotlib, not torch or the project's
+model code, so it runs anywhere the CSV can be copied.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from experiments import report_plots, report_tables
+from experiments.crossover import FIT_POINTS, crossover_table, curve_keys, exponent_table, mixer_rank
+from experiments.schema import COLUMNS, KEY_COLUMNS, STATUSES
+
+# Without these a point cannot be placed or its costs read: the rest of the schema is optional.
+REQUIRED_COLUMNS: tuple[str, ...] = KEY_COLUMNS + ("tokens", "status", "params", "gmacs", "latency_ms",
+                                                   "peak_mem_mb")
+
+# Schema columns that hold text; every other schema column is numeric.
+TEXT_COLUMNS: frozenset[str] = frozenset({
+    "mixer", "preset", "overrides", "device", "dtype", "dataset", "impl", "status", "error", "memory_method",
+    "commit", "dirty", "torch_version", "cuda_version", "device_name", "python_version", "timestamp",
+})
+
+# Numeric columns that place a point: a row without them is unusable.
+INTEGER_KEYS: tuple[str, ...] = ("img_size", "patch_size", "batch_size", "epochs", "seed", "tokens")
+
+# Subfolders the report owns: rebuilt from scratch, so no figure outlives the data it came from.
+TABLES_DIR, FIGURES_DIR = "tables", "figures"
+_GENERATED_SUFFIXES = (".csv", ".md", ".tex", ".png", ".pdf")
+
+# LaTeX captions of the tables.
+TABLE_CAPTIONS: dict[str, str] = {
+    "costs": r"Cost of each mixer per token count $N$; latency is the median $\pm$ IQR of one batch.",
+    "exponents": rf"Fitted exponent $k$ of cost $\propto N^k$ over the {FIT_POINTS} largest token counts that ran.",
+    "crossovers": r"Token count $N$ (and image size) from which each mixer is cheaper than the reference.",
+}
+
+
+class ReportError(ValueError):
+    """A runs.csv the report cannot use; the message says why in one line."""
+
+
+def load_runs(path: Path) -> pd.DataFrame:
+    """Read and check a runs.csv.
+
+    Cells are read as text, so that an empty cell stays empty instead of turning a text column into floats,
+    then the numeric schema columns are converted. A point measured twice (a rerun) keeps its last ok row, or
+    its last row if none is ok.
+
+    Args:
+        path: the runs.csv file.
+
+    Returns:
+        One row per point, every status kept; cost cells of points that did not run are NaN.
+
+    Raises:
+        ReportError: the file is missing, empty, unparsable, lacks required columns, or has a non-numeric key.
+    """
+    if not path.is_file():
+        raise ReportError(f"no runs.csv at {path}")
+    try:
+        runs = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise ReportError(f"{path} is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise ReportError(f"cannot parse {path}: {reason}") from None
+    runs.columns = runs.columns.str.strip()
+    missing = [c for c in REQUIRED_COLUMNS if c not in runs.columns]
+    if missing:
+        raise ReportError(f"{path} is missing required column(s): {', '.join(missing)}")
+    if runs.empty:
+        raise ReportError(f"{path} has a header but no rows")
+    return _deduplicate(_convert_numeric(runs, path))
+
+
+def _convert_numeric(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Numeric schema columns to numbers (empty cells to NaN); key columns must all parse."""
+    runs = runs.copy()
+    for column in (c for c in COLUMNS if c in runs.columns and c not in TEXT_COLUMNS):
+        runs[column] = pd.to_numeric(runs[column].str.strip(), errors="coerce")  # "" and junk become NaN
+    for column in INTEGER_KEYS:
+        bad = runs.index[runs[column].isna()]
+        if len(bad):
+            lines = ", ".join(str(i + 2) for i in bad[:5])  # +2: the header is line 1
+            raise ReportError(f"{path}: column {column!r} is empty or not a number on line(s) {lines}")
+        runs[column] = runs[column].astype("int64")
+    for column in TEXT_COLUMNS - set(runs.columns):
+        runs[column] = ""  # optional text columns read as empty, so grouping and formatting need no checks
+    for column in set(COLUMNS) - TEXT_COLUMNS - set(runs.columns):
+        runs[column] = float("nan")
+    runs["status"] = runs["status"].str.strip().str.lower()
+    return runs
+
+
+def _deduplicate(runs: pd.DataFrame) -> pd.DataFrame:
+    """Keep one row per key: the last ok row of a point, else its last row."""
+    ranked = runs.assign(_ok=runs["status"] == "ok", _line=range(len(runs)))
+    kept = ranked.sort_values(["_ok", "_line"]).drop_duplicates(list(KEY_COLUMNS), keep="last")
+    return kept.sort_values("_line").drop(columns=["_ok", "_line"]).reset_index(drop=True)
+
+
+def build_report(sweep_dir: Path) -> list[Path]:
+    """Rebuild every table, figure and the summary of a sweep from its runs.csv.
+
+    Args:
+        sweep_dir: the sweep folder holding runs.csv (a path to the runs.csv itself is accepted too).
+
+    Returns:
+        The files written, summary.md last.
+
+    Raises:
+        ReportError: runs.csv is missing or unusable.
+    """
+    sweep_dir = Path(sweep_dir)
+    if sweep_dir.is_file():
+        sweep_dir = sweep_dir.parent
+    runs = load_runs(sweep_dir / "runs.csv")
+    tables_dir, figures_dir = _fresh_dir(sweep_dir / TABLES_DIR), _fresh_dir(sweep_dir / FIGURES_DIR)
+
+    keys = curve_keys(runs)
+    exponents, crossovers = exponent_table(runs), crossover_table(runs)
+    costs = report_tables.cost_tables(runs)
+    exponent_frames = report_tables.exponent_tables(exponents, keys)
+    crossover_frames = report_tables.crossover_tables(crossovers, keys)
+
+    tables = report_tables.write_table(*costs, tables_dir / "costs", TABLE_CAPTIONS["costs"])
+    tables += report_tables.write_table(*exponent_frames, tables_dir / "exponents", TABLE_CAPTIONS["exponents"])
+    tables += report_tables.write_table(*crossover_frames, tables_dir / "crossovers", TABLE_CAPTIONS["crossovers"])
+    figures = report_plots.write_figures(runs, exponents, crossovers, figures_dir)
+    summary = sweep_dir / "summary.md"
+    summary.write_text(render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1]),
+                       encoding="utf-8")
+    return tables + figures + [summary]
+
+
+def _fresh_dir(path: Path) -> Path:
+    """Create `path`, removing the files a previous report wrote there."""
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.iterdir():
+        if stale.is_file() and stale.suffix in _GENERATED_SUFFIXES:
+            stale.unlink()
+    return path
+
+
+def render_summary(sweep_dir: Path, runs: pd.DataFrame, tables: list[Path], figures: list[Path],
+                   exponents: pd.DataFrame, crossovers: pd.DataFrame) -> str:
+    """The sweep's summary.md: setup, provenance, counting convention, links, exponents and crossovers."""
+    def link(path: Path) -> str:
+        return path.relative_to(sweep_dir).as_posix()
+
+    statuses = runs["status"].value_counts()
+    status_text = ", ".join(f"{statuses[s]} {s}" for s in [*STATUSES, *sorted(set(statuses.index) - set(STATUSES))]
+                            if s in statuses)
+    lines = [
+        f"# Sweep report: {sweep_dir.resolve().name}",
+        "",
+        f"Rebuilt from `runs.csv` ({len(runs)} points: {status_text}) by `python -m experiments.report`. "
+        "Do not edit: rerun the command instead.",
+        "",
+        "## Setup",
+        "",
+        *_setup_lines(runs),
+        "",
+        "## Provenance",
+        "",
+        *_provenance_lines(runs),
+        "",
+        "## Counting convention",
+        "",
+        "- MACs are multiply-accumulates of one image's forward pass; GFLOPs = 2 x GMACs.",
+        "- Counted: matmul-like work (linear layers, convolutions, attention's QK^T and AV, bmm). Softmax, "
+        "norms and element-wise operations are not counted.",
+        "- The selective scan counts 9 x L x D x N FLOPs per direction (4.5 x L x D x N MACs; D the scan "
+        "channels, N the state size); Vision Mamba's two directions count twice.",
+        "- Latency is the median over repeats of one batch, with its interquartile range; throughput is "
+        "batch size / median latency. Memory is in MiB (2^20 bytes), the peak above the baseline.",
+        f"- Scaling exponent k: least-squares slope of log(cost) against log(N) over the {FIT_POINTS} largest "
+        "token counts that ran (ok) on each curve.",
+        "- Crossover: the cost ratio mixer / reference, interpolated linearly in log-log space between adjacent "
+        "measured N, crosses 1; the image size there is sqrt(N) x patch size.",
+        "",
+        "## Tables",
+        "",
+        *_table_links(tables, link),
+        "",
+        "## Figures",
+        "",
+        *_figure_links(figures, link),
+        "",
+        f"## Scaling exponents (cost ~ N^k, {FIT_POINTS} largest ok N)",
+        "",
+        report_tables.to_markdown(exponents) if not exponents.empty else "No curve has two ok points.\n",
+        "## Crossovers",
+        "",
+        report_tables.to_markdown(crossovers) if not crossovers.empty
+        else "No reference mixer (attention, attention_naive) in this sweep.\n",
+    ]
+    return "\n".join(lines)
+
+
+def _setup_lines(runs: pd.DataFrame) -> list[str]:
+    """What varied and what was held fixed, from the key columns."""
+    lines = []
+    for key in KEY_COLUMNS:
+        values = runs[key].unique()
+        ordered = sorted(values, key=mixer_rank) if key == "mixer" else sorted(values)
+        text = ", ".join(str(v) if str(v) != "" else "(none)" for v in ordered)
+        lines.append(f"- {key}: {text}")
+    lines.append(f"- tokens N: {', '.join(str(n) for n in sorted(runs['tokens'].unique()))}")
+    return lines
+
+
+def _provenance_lines(runs: pd.DataFrame) -> list[str]:
+    """Where and with what the points ran, every distinct value of each provenance column."""
+    fields = {
+        "commit": "commit(s)", "dirty": "dirty working tree", "torch_version": "torch",
+        "cuda_version": "CUDA", "device_name": "device", "dtype": "dtype", "cpu_threads": "cpu_threads",
+        "python_version": "python", "memory_method": "memory read by",
+    }
+    lines = []
+    for column, label in fields.items():
+        values = sorted({_plain(v) for v in runs[column]} - {""})
+        lines.append(f"- {label}: {', '.join(values) if values else '(not recorded)'}")
+    impls = (runs[runs["impl"] != ""].groupby("mixer")["impl"].unique())
+    for mixer in sorted(impls.index, key=mixer_rank):
+        lines.append(f"- impl of {mixer}: {', '.join(sorted(impls[mixer]))}")
+    timestamps = sorted(t for t in runs["timestamp"] if t)
+    if timestamps:
+        lines.append(f"- measured: {timestamps[0]} to {timestamps[-1]}")
+    return lines
+
+
+def _plain(value: object) -> str:
+    """A cell as text, integers without a trailing ".0" and NaN as empty."""
+    if isinstance(value, float):
+        return "" if value != value else f"{value:g}"
+    return str(value).strip()
+
+
+def _table_links(tables: list[Path], link: Callable[[Path], str]) -> list[str]:
+    """One bullet per table, its Markdown first."""
+    titles = {"costs": "Costs per point", "exponents": "Scaling exponents", "crossovers": "Crossovers"}
+    lines = []
+    for stem in dict.fromkeys(p.stem for p in tables):
+        files = {p.suffix: p for p in tables if p.stem == stem}
+        lines.append(f"- {titles.get(stem, stem)}: [{stem}.md]({link(files['.md'])}) "
+                     f"([csv]({link(files['.csv'])}), [LaTeX]({link(files['.tex'])}))")
+    return lines
+
+
+_FIGURE_CAPTIONS: dict[str, str] = {
+    "wall_train": "Training step: time and peak memory against tokens.",
+    "wall": "The quadratic wall: latency, peak memory and GMACs against tokens (log-log).",
+    "patch_resolution": "Patch size against resolution: the same N from different (image, patch) pairs.",
+    "accuracy_cost": "Accuracy against cost, with the Pareto front.",
+}
+
+
+def _figure_links(figures: list[Path], link: Callable[[Path], str]) -> list[str]:
+    """One bullet per figure: its caption, the PNG shown inline, the PDF linked."""
+    if not figures:
+        return ["No figure: no point ran ok."]
+    lines = []
+    for stem in dict.fromkeys(p.stem for p in figures):
+        files = {p.suffix: p for p in figures if p.stem == stem}
+        kind = next(k for k in _FIGURE_CAPTIONS if stem.startswith(k))
+        lines += [f"- {_FIGURE_CAPTIONS[kind]} `{stem}` ([PDF]({link(files['.pdf'])}))", "",
+                  f"  ![{stem}]({link(files['.png'])})", ""]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: build the report, or print a one-line error and return 2."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
+    parser.add_argument("sweep_dir", type=Path, help="the sweep folder holding runs.csv, e.g. results/cpu_default")
+    args = parser.parse_args(argv)
+    try:
+        written = build_report(args.sweep_dir)
+    except ReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} files; see {args.sweep_dir / 'summary.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

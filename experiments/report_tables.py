@@ -1,0 +1,280 @@
+"""Tables of a sweep report: costs per point, scaling exponents and crossovers, as CSV, Markdown and LaTeX.
+
+Each table exists twice: a numeric frame (written as CSV, for re-analysis) and a display frame of formatted
+strings (written as Markdown and booktabs LaTeX, for reading). Headers carry their units.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.crossover import COST_METRICS, mixer_rank, varying_keys
+
+# Readable headers, with units, for every column a table can show.
+HEADERS: dict[str, str] = {
+    "mixer": "Mixer",
+    "preset": "Preset",
+    "overrides": "Overrides",
+    "device": "Device",
+    "dtype": "Dtype",
+    "batch_size": "Batch",
+    "dataset": "Dataset",
+    "epochs": "Epochs",
+    "seed": "Seed",
+    "img_size": "Image (px)",
+    "patch_size": "Patch (px)",
+    "tokens": "Tokens N",
+    "params": "Params (M)",
+    "gmacs": "GMACs / img",
+    "latency_ms": "Latency (ms)",
+    "latency_iqr_ms": "Latency IQR (ms)",
+    "throughput_img_s": "Throughput (img/s)",
+    "peak_mem_mb": "Peak mem. inference (MiB)",
+    "train_step_ms": "Train step (ms)",
+    "train_step_iqr_ms": "Train step IQR (ms)",
+    "train_peak_mem_mb": "Peak mem. train (MiB)",
+    "accuracy": "Top-1 acc. (%)",
+    "status": "Status",
+    "impl": "Impl.",
+    "reference": "Reference",
+}
+
+# Cost columns of the main table, in order; each is shown only when the sweep has a value for it.
+COST_TABLE_METRICS: tuple[str, ...] = (
+    "params", "gmacs", "latency_ms", "latency_iqr_ms", "throughput_img_s", "peak_mem_mb",
+    "train_step_ms", "train_step_iqr_ms", "train_peak_mem_mb", "accuracy",
+)
+
+# Timings shown as one "median ± IQR" cell: the median column, its spread column and the cell's header.
+SPREAD_COLUMNS: dict[str, tuple[str, str]] = {
+    "latency_ms": ("latency_iqr_ms", "Latency (ms, median ± IQR)"),
+    "train_step_ms": ("train_step_iqr_ms", "Train step (ms, median ± IQR)"),
+}
+
+# Key columns shown even when constant: they say where a point sits on its curve.
+POINT_KEYS: tuple[str, ...] = ("img_size", "patch_size", "tokens")
+
+# Metric names in exponent and crossover table headers.
+METRIC_LABELS: dict[str, str] = {
+    "latency_ms": "Latency",
+    "peak_mem_mb": "Peak mem.",
+    "gmacs": "MACs",
+    "train_step_ms": "Train step",
+    "train_peak_mem_mb": "Peak mem. train",
+}
+
+MISSING = "–"  # an en dash for an empty cell
+
+
+def fmt_number(value: float, digits: int = 3) -> str:
+    """Format to `digits` significant figures without scientific notation, with thousands separators."""
+    if value is None or not math.isfinite(value):
+        return MISSING
+    if value == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
+
+
+def fmt_spread(median: float, iqr: float, digits: int = 3) -> str:
+    """`median ± iqr`, the spread to the median's decimals, so the two read as one measurement."""
+    text = fmt_number(median, digits)
+    if text == MISSING or iqr is None or not math.isfinite(iqr):
+        return text
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return f"{text} ± {iqr:,.{decimals}f}"
+
+
+def display_keys(runs: pd.DataFrame) -> list[str]:
+    """Key columns a table shows: the mixer, the other keys that vary, and the point's place on its curve."""
+    varying = [k for k in varying_keys(runs) if k not in ("mixer",) + POINT_KEYS]
+    return ["mixer"] + varying + list(POINT_KEYS)
+
+
+def sort_rows(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Sort by the keys, with the built-in mixers first in their fixed order."""
+    def rank(column: pd.Series) -> pd.Series:
+        return column.map(mixer_rank) if column.name in ("mixer", "reference") else column
+
+    return frame.sort_values(keys, key=rank, ignore_index=True)
+
+
+def cost_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The main table: one row per measured point, every status kept.
+
+    Returns:
+        The numeric frame (parameters in millions, accuracy in percent) and its display frame, where latency and
+        train step read "median ± IQR".
+    """
+    keys = display_keys(runs)
+    metrics = [c for c in COST_TABLE_METRICS if c in runs and runs[c].notna().any()]
+    # Rows run along each curve: by patch size, then token count.
+    order = [k for k in keys if k not in POINT_KEYS] + ["patch_size", "tokens", "img_size"]
+    numeric = sort_rows(runs[keys + metrics + ["status", "impl"]].copy(), order)
+    if "params" in numeric:
+        numeric["params"] = numeric["params"] / 1e6
+    if "accuracy" in numeric:
+        numeric["accuracy"] = numeric["accuracy"] * 100
+
+    display = numeric[keys].astype(str)
+    for column in metrics:
+        if any(column == iqr for iqr, _ in SPREAD_COLUMNS.values()):
+            continue  # folded into its median's cell
+        if column in SPREAD_COLUMNS and SPREAD_COLUMNS[column][0] in numeric:
+            iqr, header = SPREAD_COLUMNS[column]
+            display[header] = [fmt_spread(m, s) for m, s in zip(numeric[column], numeric[iqr])]
+        else:
+            digits = 4 if column == "throughput_img_s" else 3
+            display[HEADERS[column]] = numeric[column].map(lambda v: fmt_number(v, digits))
+    display[HEADERS["status"]] = numeric["status"]
+    display[HEADERS["impl"]] = numeric["impl"].replace("", MISSING)
+    display = display.rename(columns=HEADERS)
+    return numeric.rename(columns=HEADERS), display
+
+
+def exponent_tables(exponents: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per curve and mixer, one column per cost metric: the fitted exponent k of cost ~ N^k.
+
+    Args:
+        exponents: from `crossover.exponent_table`.
+        keys: its curve keys.
+
+    Returns:
+        The long numeric frame (sorted) and a wide display frame with the fitted token range.
+    """
+    numeric = sort_rows(exponents, keys + ["mixer", "metric"])
+    if numeric.empty:
+        return numeric, pd.DataFrame()
+    wide = numeric.pivot_table(index=keys + ["mixer"], columns="metric", values="exponent", aggfunc="first",
+                               dropna=False)
+    wide = wide[[m for m in COST_METRICS if m in wide.columns]]
+    display = wide.apply(lambda column: column.map(
+        lambda v: f"{v:.2f}".replace("-0.00", "0.00") if math.isfinite(v) else MISSING))
+    display.columns = [f"{METRIC_LABELS[m]} exp." for m in display.columns]
+    # The token range of the first metric stands for all: every metric is read at the same ok points.
+    first = numeric[numeric["metric"] == numeric["metric"].iloc[0]].set_index(keys + ["mixer"])
+    display["Fit range (N)"] = [
+        f"{first.at[i, 'tokens_min']:,.0f}–{first.at[i, 'tokens_max']:,.0f}" if i in first.index
+        and first.at[i, "points"] >= 2 else MISSING for i in display.index]
+    display = sort_rows(display.reset_index(), keys + ["mixer"]).astype(str)
+    return numeric, display.rename(columns=HEADERS)
+
+
+def crossover_tables(crossovers: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per curve, mixer and reference, one column per metric: where the mixer becomes cheaper.
+
+    Args:
+        crossovers: from `crossover.crossover_table`.
+        keys: its curve keys.
+
+    Returns:
+        The long numeric frame (sorted) and a wide display frame, cells like "N ≈ 1,234 (562 px)".
+    """
+    numeric = sort_rows(crossovers, keys + ["reference", "mixer", "metric"])
+    if numeric.empty:
+        return numeric, pd.DataFrame()
+    img_columns = [c for c in numeric.columns if c.startswith("img_px_p")]
+    numeric = numeric.assign(cell=[_crossover_cell(row, img_columns) for _, row in numeric.iterrows()])
+    index = keys + ["reference", "mixer"]
+    display = numeric.pivot_table(index=index, columns="metric", values="cell", aggfunc="first")
+    display = display[[m for m in COST_METRICS if m in display.columns]].fillna(MISSING)
+    display.columns = [METRIC_LABELS[m] for m in display.columns]
+    notes = numeric.groupby(index)["note"].agg(lambda n: "; ".join(sorted({x for x in n if x})) or MISSING)
+    display["Note"] = notes
+    display = sort_rows(display.reset_index(), index).astype(str)
+    return numeric.drop(columns="cell"), display.rename(columns=HEADERS)
+
+
+def _crossover_cell(row: pd.Series, img_columns: list[str]) -> str:
+    """The crossover phrase with the image size(s) that reach that token count."""
+    images = [(c.removeprefix("img_px_p"), row[c]) for c in img_columns if pd.notna(row[c])]
+    if not images:
+        return row["description"]
+    if len(images) == 1:
+        return f"{row['description']} ({images[0][1]:,.0f} px)"
+    return f"{row['description']} (" + ", ".join(f"{v:,.0f} px @p{p}" for p, v in images) + ")"
+
+
+def to_markdown(display: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table, numeric columns right-aligned."""
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|")
+
+    header = "| " + " | ".join(cell(c) for c in display.columns) + " |"
+    rule = "|" + "|".join("---:" if _is_numeric(display[c]) else ":---" for c in display.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in display.itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def to_latex(display: pd.DataFrame, caption: str, label: str) -> str:
+    """A booktabs table, ready to `\\input`; needs `\\usepackage{booktabs,graphicx}`.
+
+    Wide tables are scaled to the line width rather than left to run into the margin.
+
+    Args:
+        display: the cells, escaped here.
+        caption: LaTeX source, written as is.
+        label: the `\\label` key.
+    """
+    align = "".join("r" if _is_numeric(display[c]) else "l" for c in display.columns)
+    wide = len(display.columns) > 8
+    lines = [
+        "% Generated by experiments/report.py from runs.csv; do not edit.",
+        "\\begin{table}[t]",
+        "\\centering",
+        "\\small",
+        f"\\caption{{{caption}}}",
+        f"\\label{{{label}}}",
+        *(["\\resizebox{\\linewidth}{!}{%"] if wide else []),
+        f"\\begin{{tabular}}{{{align}}}",
+        "\\toprule",
+        " & ".join(_latex_escape(c) for c in display.columns) + " \\\\",
+        "\\midrule",
+        *(" & ".join(_latex_escape(v) for v in row) + " \\\\" for row in display.itertuples(index=False)),
+        "\\bottomrule",
+        "\\end{tabular}" + ("}" if wide else ""),
+        "\\end{table}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, caption: str) -> list[Path]:
+    """Write `<stem>.csv` (numeric), `<stem>.md` and `<stem>.tex` (display, with `caption` as LaTeX source).
+
+    Returns:
+        The paths written.
+    """
+    paths = [stem.with_suffix(".csv"), stem.with_suffix(".md"), stem.with_suffix(".tex")]
+    if display.empty:
+        display = pd.DataFrame({"": ["no data"]})  # still a valid table, so links and \input never break
+    numeric.to_csv(paths[0], index=False, float_format="%.6g")  # measurement noise is far above 6 digits
+    paths[1].write_text(to_markdown(display), encoding="utf-8")
+    paths[2].write_text(to_latex(display, caption, f"tab:{stem.name}"), encoding="utf-8")
+    return paths
+
+
+_NUMERIC_CELL = re.compile(r"^(–|-?[\d,]+(\.\d+)?( ± [\d,]+(\.\d+)?)?)$")
+
+
+def _is_numeric(column: pd.Series) -> bool:
+    """True when every cell reads as a number (or is empty), so the column aligns right."""
+    cells = column.astype(str)
+    return bool(cells.map(lambda c: bool(_NUMERIC_CELL.match(c))).all()) and bool((cells != MISSING).any())
+
+
+_LATEX_SPECIALS = {
+    "\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_",
+    "{": "\\{", "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
+}
+_LATEX_UNICODE = {"±": "$\\pm$", "≈": "$\\approx$", "–": "--", "≥": "$\\geq$"}
+
+
+def _latex_escape(text: object) -> str:
+    """Escape LaTeX specials, then spell the few Unicode symbols the tables use as math."""
+    escaped = "".join(_LATEX_SPECIALS.get(ch, ch) for ch in str(text))
+    for symbol, macro in _LATEX_UNICODE.items():
+        escaped = escaped.replace(symbol, macro)
+    return escaped

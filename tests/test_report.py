@@ -1,0 +1,306 @@
+"""Tests of the report: tables, figures, exponents, crossovers and input checks on a synthetic runs.csv.
+
+The fixture's costs come from power laws, so the right exponents and crossovers are known exactly.
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.crossover import crossover_table, exponent_table, find_crossover, fit_exponent
+from experiments.report import ReportError, build_report, load_runs
+from experiments.report_plots import mixer_style, pareto_front
+from experiments.report_tables import fmt_spread, to_latex
+from experiments.schema import COLUMNS
+
+REPO = Path(__file__).resolve().parents[1]
+
+# cost = coefficient * N^exponent, per mixer: (latency ms, peak memory MiB, GMACs).
+POWER_LAWS: dict[str, tuple[tuple[float, float], tuple[float, float], tuple[float, float]]] = {
+    "attention": ((1e-4, 2), (0.02, 1), (1e-6, 2)),
+    "attention_naive": ((2e-4, 2), (1e-4, 2), (1e-6, 2)),
+    "swin": ((0.02, 1), (0.03, 1), (2e-3, 1)),
+    "linear": ((0.05, 1), (0.01, 1), (1e-3, 1)),
+    "mamba": ((0.08, 1), (0.015, 1), (3e-3, 1)),
+}
+IMG_SIZES = (64, 128, 256, 512)
+PATCH_SIZES = (8, 16)
+# Points that did not run: the largest sizes of attention_naive, and one skipped mamba point.
+NOT_OK: dict[tuple[str, int, int], str] = {
+    ("attention_naive", 512, 8): "oom",
+    ("attention_naive", 512, 16): "timeout",
+    ("attention_naive", 256, 8): "oom",
+    ("mamba", 512, 8): "skipped",
+}
+
+
+def synthetic_runs() -> pd.DataFrame:
+    """A runs.csv frame with every schema column, costs from `POWER_LAWS`, accuracy for the small images."""
+    rows = []
+    for mixer, ((lat_a, lat_e), (mem_a, mem_e), (mac_a, mac_e)) in POWER_LAWS.items():
+        for patch in PATCH_SIZES:
+            for img in IMG_SIZES:
+                tokens = (img // patch) ** 2
+                row = {c: "" for c in COLUMNS}
+                row.update(mixer=mixer, preset="micro", overrides="{}", img_size=img, patch_size=patch,
+                           batch_size=8, device="cpu", dtype="float32", dataset="synthetic", epochs=1, seed=0,
+                           tokens=tokens, grid_h=img // patch, grid_w=img // patch, dim=64, depth=2,
+                           num_heads=2, mlp_ratio=4, impl="sdpa-math" if mixer == "attention" else "reference",
+                           commit="abc1234", dirty=False, torch_version="2.5.0", device_name="Synthetic CPU",
+                           cpu_threads=2, python_version="3.11.9", memory_method="cpu_profiler",
+                           timestamp=f"2024-01-01T00:00:{len(rows) % 60:02d}Z")
+                status = NOT_OK.get((mixer, img, patch), "ok")
+                row["status"] = status
+                if status != "ok":
+                    row["error"] = f"synthetic {status}"
+                    rows.append(row)
+                    continue
+                latency = lat_a * tokens**lat_e
+                row.update(params=1e5 * (1 + len(mixer)), gmacs=mac_a * tokens**mac_e,
+                           latency_ms=latency, latency_iqr_ms=0.05 * latency, latency_repeats=10,
+                           throughput_img_s=8 / latency * 1e3, peak_mem_mb=mem_a * tokens**mem_e,
+                           train_step_ms=3 * latency, train_step_iqr_ms=0.1 * latency,
+                           train_peak_mem_mb=3 * mem_a * tokens**mem_e)
+                row["macs"] = row["gmacs"] * 1e9
+                row["gflops"] = 2 * row["gmacs"]
+                if img <= 128:
+                    row["accuracy"] = 0.3 + 0.05 * math.log2(tokens) + 0.01 * len(mixer) / 10
+                rows.append(row)
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+@pytest.fixture()
+def sweep(tmp_path: Path) -> Path:
+    """A sweep folder holding the synthetic runs.csv."""
+    synthetic_runs().to_csv(tmp_path / "runs.csv", index=False)
+    return tmp_path
+
+
+@pytest.fixture()
+def small_sweep(tmp_path: Path) -> Path:
+    """A sweep folder with two mixers at one patch size: quick to report on."""
+    runs = synthetic_runs()
+    runs[runs["mixer"].isin(["attention", "linear"]) & (runs["patch_size"] == 16)].to_csv(
+        tmp_path / "runs.csv", index=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+    """The synthetic runs as `load_runs` returns them, so tests see exactly what the report sees."""
+    path = tmp_path_factory.mktemp("loaded") / "runs.csv"
+    synthetic_runs().to_csv(path, index=False)
+    return load_runs(path)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    """The report of the synthetic sweep, built once for the module: (sweep folder, files written)."""
+    folder = tmp_path_factory.mktemp("sweep")
+    synthetic_runs().to_csv(folder / "runs.csv", index=False)
+    return folder, build_report(folder)
+
+
+# --- outputs -----------------------------------------------------------------------------------------------
+
+def test_every_table_and_figure_is_written(report: tuple[Path, list[Path]]) -> None:
+    folder, written = report
+    names = {p.relative_to(folder).as_posix() for p in written}
+    for table in ("costs", "exponents", "crossovers"):
+        assert {f"tables/{table}.{ext}" for ext in ("csv", "md", "tex")} <= names
+    for figure in ("wall_patch-8", "wall_patch-16", "wall_train_patch-8", "patch_resolution", "accuracy_cost"):
+        assert {f"figures/{figure}.png", f"figures/{figure}.pdf"} <= names
+    assert "summary.md" in names
+    for path in written:
+        assert path.is_file() and path.stat().st_size > 0, path
+
+
+def test_cost_table_keeps_every_status_and_reads_well(report: tuple[Path, list[Path]]) -> None:
+    folder, _ = report
+    costs = pd.read_csv(folder / "tables" / "costs.csv")
+    assert len(costs) == len(synthetic_runs())
+    assert set(costs["Status"]) == {"ok", "oom", "timeout", "skipped"}
+    assert {"Latency (ms)", "Peak mem. inference (MiB)", "GMACs / img", "Top-1 acc. (%)"} <= set(costs.columns)
+    markdown = (folder / "tables" / "costs.md").read_text()
+    assert "Latency (ms, median ± IQR)" in markdown
+    latex = (folder / "tables" / "costs.tex").read_text()
+    assert "\\toprule" in latex and "\\bottomrule" in latex and "$\\pm$" in latex
+
+
+def test_summary_states_convention_and_provenance(report: tuple[Path, list[Path]]) -> None:
+    folder, _ = report
+    summary = (folder / "summary.md").read_text()
+    for phrase in ("GFLOPs = 2 x GMACs", "9 x L x D x N FLOPs per direction", "abc1234", "2.5.0",
+                   "Synthetic CPU", "float32", "cpu_threads: 2", "tables/crossovers.md", "figures/wall_patch-8.png",
+                   "## Crossovers", "## Scaling exponents"):
+        assert phrase in summary, phrase
+
+
+def test_rebuild_removes_stale_outputs(small_sweep: Path) -> None:
+    (small_sweep / "figures").mkdir()
+    stale = small_sweep / "figures" / "wall_old-setting.png"
+    stale.write_bytes(b"old")
+    build_report(small_sweep)
+    assert not stale.exists()
+
+
+# --- exponents and crossovers ------------------------------------------------------------------------------
+
+def test_exponents_recover_the_power_laws(loaded: pd.DataFrame) -> None:
+    exponents = exponent_table(loaded)
+    for mixer, laws in POWER_LAWS.items():
+        for metric, (_, exponent) in zip(("latency_ms", "peak_mem_mb", "gmacs"), laws):
+            fitted = exponents[(exponents["mixer"] == mixer) & (exponents["metric"] == metric)]["exponent"]
+            assert np.allclose(fitted, exponent, atol=1e-6), (mixer, metric)
+
+
+def test_exponent_is_fitted_over_the_largest_sizes_only() -> None:
+    tokens = np.array([1, 4, 16, 64, 256, 1024])
+    cost = np.where(tokens <= 16, tokens, tokens**2 / 16.0)  # linear, then quadratic
+    exponent, used = fit_exponent(tokens, cost, n_points=3)
+    assert exponent == pytest.approx(2.0)
+    assert list(used) == [64, 256, 1024]
+    assert math.isnan(fit_exponent([8], [1.0])[0])
+
+
+def test_crossover_of_power_laws_is_found_within_one_percent() -> None:
+    tokens = np.array([10.0, 30.0, 70.0, 300.0, 1000.0])
+    crossover = find_crossover(tokens, cost=100 * tokens, ref_cost=tokens**2)
+    assert crossover.kind == "crosses"
+    assert crossover.tokens == pytest.approx(100, rel=0.01)
+
+
+@pytest.mark.parametrize(("cost", "kind"), [(0.5, "always"), (2.0, "never")])
+def test_crossover_always_and_never(cost: float, kind: str) -> None:
+    tokens = np.array([16.0, 64.0, 256.0])
+    crossover = find_crossover(tokens, cost * tokens**2, tokens**2)
+    assert crossover.kind == kind and crossover.tokens is None
+    assert crossover.describe() in ("always cheaper", "never in range")
+
+
+def test_crossover_cheaper_only_below_and_no_data() -> None:
+    tokens = np.array([10.0, 100.0, 1000.0])
+    crossover = find_crossover(tokens, cost=tokens**2, ref_cost=100 * tokens)
+    assert crossover.kind == "only_below" and crossover.tokens == pytest.approx(100, rel=0.01)
+    assert find_crossover([], [], []).kind == "no_data"
+
+
+def test_crossover_table_finds_the_known_answer(loaded: pd.DataFrame) -> None:
+    crossovers = crossover_table(loaded)
+    # linear: 0.05 N against attention: 1e-4 N^2 cross at N = 500, inside the patch-8 range (64 to 4096).
+    row = crossovers[(crossovers["mixer"] == "linear") & (crossovers["reference"] == "attention")
+                     & (crossovers["metric"] == "latency_ms") & (crossovers["patch_size"] == 8)].iloc[0]
+    assert row["kind"] == "crosses"
+    assert row["tokens"] == pytest.approx(500, rel=0.01)
+    assert row["img_px_p8"] == pytest.approx(math.sqrt(500) * 8, rel=0.01)
+    # attention's memory is linear like linear's, with a higher coefficient: linear is always cheaper.
+    memory = crossovers[(crossovers["mixer"] == "linear") & (crossovers["reference"] == "attention")
+                        & (crossovers["metric"] == "peak_mem_mb")]
+    assert set(memory["kind"]) == {"always"}
+    # Comparisons with attention_naive stop where it ran out of memory, and the note says so.
+    naive = crossovers[(crossovers["reference"] == "attention_naive") & (crossovers["patch_size"] == 8)]
+    assert naive["note"].str.contains("attention_naive oom from N = 1,024").all()
+
+
+# --- styles and helpers ------------------------------------------------------------------------------------
+
+def test_mixer_styles_are_fixed_distinct_and_stable() -> None:
+    builtins = ["attention", "attention_naive", "swin", "linear", "mamba"]
+    colors = {mixer_style(m).color for m in builtins}
+    assert len(colors) == len(builtins)
+    added = mixer_style("my_new_mixer")
+    assert added == mixer_style("my_new_mixer")
+    assert added.color not in colors
+
+
+def test_pareto_front_keeps_only_undominated_points() -> None:
+    cost = np.array([1.0, 2.0, 3.0, 4.0, 2.0])
+    accuracy = np.array([0.5, 0.7, 0.6, 0.8, 0.4])
+    assert list(pareto_front(cost, accuracy)) == [0, 1, 3]
+
+
+def test_formatting_helpers() -> None:
+    assert fmt_spread(12.345, 0.4321) == "12.3 ± 0.4"
+    assert "\\_" in to_latex(pd.DataFrame({"Mixer": ["attention_naive"]}), "c", "tab:x")
+
+
+def test_rerun_keeps_the_last_ok_row(sweep: Path) -> None:
+    runs = synthetic_runs()
+    retry = runs[runs["status"] == "ok"].iloc[[0]].assign(status="error", latency_ms="")
+    pd.concat([runs, retry]).to_csv(sweep / "runs.csv", index=False)
+    loaded = load_runs(sweep / "runs.csv")
+    assert len(loaded) == len(runs)
+    assert loaded.loc[0, "status"] == "ok"
+
+
+# --- input checks ------------------------------------------------------------------------------------------
+
+def test_missing_runs_csv(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match="no runs.csv"):
+        build_report(tmp_path)
+
+
+def test_empty_runs_csv(tmp_path: Path) -> None:
+    (tmp_path / "runs.csv").write_text("")
+    with pytest.raises(ReportError, match="is empty"):
+        build_report(tmp_path)
+
+
+def test_header_only_runs_csv(tmp_path: Path) -> None:
+    (tmp_path / "runs.csv").write_text(",".join(COLUMNS) + "\n")
+    with pytest.raises(ReportError, match="no rows"):
+        build_report(tmp_path)
+
+
+HEADER = ",".join(COLUMNS).encode()
+
+
+@pytest.mark.parametrize("content", [
+    HEADER + b"\n" + b"x," * len(COLUMNS) + b"\n" + b"x," * (2 * len(COLUMNS)) + b"\n",  # a row too long
+    HEADER + b'\n"an unterminated quote,1\n',
+    bytes(range(128, 256)) * 4,  # not text
+])
+def test_corrupt_runs_csv(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "runs.csv").write_bytes(content)
+    with pytest.raises(ReportError, match="cannot parse"):
+        build_report(tmp_path)
+
+
+def test_missing_columns_are_named(sweep: Path) -> None:
+    synthetic_runs().drop(columns=["latency_ms", "tokens"]).to_csv(sweep / "runs.csv", index=False)
+    with pytest.raises(ReportError, match="missing required column\\(s\\): tokens, .*latency_ms"):
+        build_report(sweep)
+
+
+def test_non_numeric_key_names_the_line(sweep: Path) -> None:
+    runs = synthetic_runs().astype({"img_size": object})
+    runs.loc[3, "img_size"] = "big"
+    runs.to_csv(sweep / "runs.csv", index=False)
+    with pytest.raises(ReportError, match="'img_size' is empty or not a number on line\\(s\\) 5"):
+        build_report(sweep)
+
+
+def test_cli_exits_2_with_one_line_error(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "experiments.report", str(tmp_path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no runs.csv")
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_report_does_not_import_torch_or_models(small_sweep: Path) -> None:
+    code = (
+        "import sys\n"
+        "from experiments.report import main\n"
+        f"assert main([{str(small_sweep)!r}]) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mixers', 'models')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
