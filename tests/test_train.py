@@ -1,0 +1,266 @@
+"""The training loop: learns with every registered mixer, resumes exactly, stops on divergence, is repeatable."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, TensorDataset
+
+from experiments.train import (
+    CHECKPOINT_NAME,
+    TrainRecipe,
+    TrainResult,
+    no_weight_decay_names,
+    param_groups,
+    train_and_evaluate,
+)
+from mixers import list_mixers
+from models import create_vit
+
+IMG, PATCH, CLASSES = 16, 4, 4
+CPU = torch.device("cpu")
+# Small enough for a few seconds per run on two cores; warm-up off so the first steps already learn.
+FAST = TrainRecipe(epochs=2, batch_size=16, lr=3e-3, warmup_epochs=0.0, eval_batch_size=64)
+N_TRAIN = 160
+
+
+def channel_set(n: int, seed: int) -> TensorDataset:
+    """Noise images whose label is the channel that is brightened in a random square.
+
+    Learnable within a few steps even after mean pooling, so every mixer can show progress quickly.
+    """
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(n, CLASSES, IMG, IMG, generator=g)  # (n, C, H, W), one channel per class
+    labels = torch.randint(0, CLASSES, (n,), generator=g)
+    corners = torch.randint(0, IMG // 2, (n, 2), generator=g)
+    for i, (label, (r, c)) in enumerate(zip(labels.tolist(), corners.tolist())):
+        images[i, label, r : r + IMG // 2, c : c + IMG // 2] += 1.0
+    return TensorDataset(images, labels)
+
+
+def tiny_vit(mixer: str = "attention", seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return create_vit(
+        "micro", mixer=mixer, img_size=IMG, patch_size=PATCH, num_classes=CLASSES, in_chans=CLASSES, depth=1
+    )
+
+
+def weights(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_weights(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs"
+
+
+@torch.no_grad()
+def dataset_loss(model: nn.Module, data: TensorDataset) -> float:
+    model.eval()
+    images, labels = data.tensors
+    return nn.functional.cross_entropy(model(images), labels).item()
+
+
+def run(model: nn.Module, recipe: TrainRecipe = FAST, *, train: Dataset | None = None, **kwargs) -> TrainResult:
+    kwargs = {"device": CPU, "dtype": torch.float32, "seed": 0, **kwargs}
+    train = channel_set(N_TRAIN, 1) if train is None else train
+    return train_and_evaluate(model, train, channel_set(64, 2), recipe, **kwargs)
+
+
+@pytest.mark.parametrize("mixer", list_mixers())
+def test_training_reduces_loss_for_every_mixer(mixer: str) -> None:
+    train = channel_set(N_TRAIN, 1)
+    model = tiny_vit(mixer)
+    before = dataset_loss(model, train)
+    result = run(model, train=train)
+    after = dataset_loss(model, train)
+    assert result.status == "ok" and result.error == ""
+    assert result.epochs_done == FAST.epochs and result.train_samples == N_TRAIN
+    assert after < 0.9 * before, f"{mixer}: loss {before:.3f} -> {after:.3f}"
+    assert 0.0 <= result.accuracy <= result.best_accuracy <= 1.0
+    assert result.train_time_s > 0 and result.train_img_s > 0
+
+
+def test_learns_the_task() -> None:
+    result = run(tiny_vit(), dataclasses.replace(FAST, epochs=3))
+    assert result.best_accuracy > 0.6  # chance is 0.25
+
+
+class Crashing(Dataset):
+    """Wraps a dataset and raises after `limit` items, as a killed job would stop mid-epoch."""
+
+    def __init__(self, inner: Dataset, limit: int) -> None:
+        self.inner, self.limit, self.served = inner, limit, 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        if self.served >= self.limit:
+            raise RuntimeError("simulated crash")
+        self.served += 1
+        return self.inner[index]
+
+
+def test_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    recipe = dataclasses.replace(FAST, epochs=3, train_samples=100)
+    train = channel_set(N_TRAIN, 1)
+    straight = tiny_vit()
+    expected = run(straight, recipe, train=train)
+
+    # Crash half-way through epoch 2: the checkpoint on disk holds epoch 1.
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(tiny_vit(), recipe, train=Crashing(train, limit=150), checkpoint_dir=tmp_path)
+    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=False)["epoch"] == 1
+
+    # A differently initialised model proves the weights come from the checkpoint.
+    resumed_model = tiny_vit(seed=123)
+    resumed = run(resumed_model, recipe, train=train, checkpoint_dir=tmp_path)
+    assert resumed.status == "ok" and resumed.epochs_done == recipe.epochs
+    assert resumed.accuracy == expected.accuracy and resumed.best_accuracy == expected.best_accuracy
+    assert resumed.final_train_loss == pytest.approx(expected.final_train_loss, abs=0)
+    assert_same_weights(weights(resumed_model), weights(straight))
+    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=False)["epoch"] == recipe.epochs
+    assert not [p for p in tmp_path.iterdir() if p.name != CHECKPOINT_NAME]  # no temp files left behind
+
+
+def test_resume_with_drop_path_restores_rng(tmp_path: Path) -> None:
+    # Drop-path draws from the global RNG, so matching the straight run needs the saved RNG state.
+    recipe = dataclasses.replace(FAST, epochs=2)
+    train = channel_set(96, 1)
+
+    def build(seed: int = 0) -> nn.Module:
+        torch.manual_seed(seed)
+        return create_vit(
+            "micro",
+            mixer="attention",
+            img_size=IMG,
+            patch_size=PATCH,
+            num_classes=CLASSES,
+            in_chans=CLASSES,
+            depth=2,
+            drop_path_rate=0.3,
+        )
+
+    straight = build()
+    run(straight, recipe, train=train)
+    with pytest.raises(RuntimeError):
+        run(build(), recipe, train=Crashing(train, limit=120), checkpoint_dir=tmp_path)
+    resumed = build(seed=7)
+    run(resumed, recipe, train=train, checkpoint_dir=tmp_path)
+    assert_same_weights(weights(resumed), weights(straight))
+
+
+def test_resume_refuses_a_different_recipe(tmp_path: Path) -> None:
+    recipe = dataclasses.replace(FAST, epochs=1)
+    run(tiny_vit(), recipe, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="lr"):
+        run(tiny_vit(), dataclasses.replace(recipe, lr=1e-4), checkpoint_dir=tmp_path)
+
+
+def test_finished_checkpoint_returns_its_result(tmp_path: Path) -> None:
+    recipe = dataclasses.replace(FAST, epochs=1)
+    first = run(tiny_vit(), recipe, checkpoint_dir=tmp_path)
+    again = run(tiny_vit(seed=5), recipe, checkpoint_dir=tmp_path)
+    assert again == first
+
+
+def test_huge_lr_diverges() -> None:
+    result = run(tiny_vit(), dataclasses.replace(FAST, lr=1e30, min_lr=0.0))
+    assert result.status == "diverged"
+    assert "became" in result.error
+    assert result.epochs_done < FAST.epochs
+
+
+def test_poisoned_input_diverges_at_once() -> None:
+    train = channel_set(64, 1)
+    train.tensors[0][:] = float("nan")
+    model = tiny_vit()
+    before = weights(model)
+    result = run(model, train=train)
+    assert result.status == "diverged" and "loss became nan" in result.error
+    assert result.epochs_done == 0 and result.accuracy is None and result.best_accuracy is None
+    assert_same_weights(weights(model), before)  # the NaN update was never applied
+
+
+def test_same_seed_same_result() -> None:
+    a, b = tiny_vit(), tiny_vit()
+    result_a, result_b = run(a, seed=3), run(b, seed=3)
+    assert result_a.accuracy == result_b.accuracy and result_a.final_train_loss == result_b.final_train_loss
+    assert_same_weights(weights(a), weights(b))
+    c = tiny_vit()
+    run(c, seed=4)
+    assert not torch.equal(weights(a)["head.weight"], weights(c)["head.weight"])
+
+
+def test_train_samples_subsamples_and_is_checked() -> None:
+    result = run(tiny_vit(), dataclasses.replace(FAST, epochs=1, train_samples=50))
+    assert result.train_samples == 50
+    with pytest.raises(ValueError, match="train_samples"):
+        run(tiny_vit(), dataclasses.replace(FAST, epochs=1, train_samples=10_000))
+
+
+def test_progress_bar_and_row() -> None:
+    result = run(tiny_vit(), dataclasses.replace(FAST, epochs=1), progress=True)
+    assert set(result.to_row()) == {
+        "train_samples", "accuracy", "best_accuracy", "final_train_loss", "train_time_s", "train_img_s"
+    }
+
+
+def test_cpu_bf16_autocast_runs() -> None:
+    model = tiny_vit()
+    result = run(model, dataclasses.replace(FAST, epochs=1), dtype=torch.bfloat16)
+    assert result.status == "ok"
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
+
+
+def test_unsupported_dtype_is_refused() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        run(tiny_vit(), dtype=torch.float16)
+
+
+def test_no_weight_decay_groups() -> None:
+    model = tiny_vit("swin")
+    model.head.weight._no_weight_decay = True  # mamba_ssm's per-parameter flag
+    model.blocks[0].mixer.no_weight_decay = lambda: {"qkv.weight"}  # timm's per-module list
+    skip = no_weight_decay_names(model)
+    assert {"pos_embed", "head.bias", "norm.weight", "blocks.0.norm1.weight"} <= skip
+    assert {"head.weight", "blocks.0.mixer.qkv.weight", "blocks.0.mixer.relative_position_bias_table"} <= skip
+    assert "blocks.0.mlp.fc1.weight" not in skip and "patch_embed.proj.weight" not in skip
+    groups = param_groups(model, 0.05)
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert all(p.ndim >= 2 for p in model.parameters() if id(p) in decayed)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("epochs", 0),
+        ("epochs", 1.5),
+        ("batch_size", 0),
+        ("lr", 0.0),
+        ("lr", float("nan")),
+        ("min_lr", 1.0),
+        ("weight_decay", -0.1),
+        ("warmup_epochs", 100.0),
+        ("label_smoothing", 1.0),
+        ("grad_clip", 0.0),
+        ("num_workers", -1),
+        ("eval_batch_size", 0),
+        ("train_samples", 0),
+    ],
+)
+def test_recipe_validation_names_the_field(field: str, value: object) -> None:
+    with pytest.raises((ValueError, TypeError), match=rf"TrainRecipe\.{field}\b"):
+        TrainRecipe(**{field: value})
+
+
+def test_recipe_defaults_are_valid() -> None:
+    recipe = TrainRecipe()
+    assert recipe.batch_size == 128 and recipe.weight_decay == 0.05 and recipe.label_smoothing == 0.1
+    assert TrainRecipe(grad_clip=None, train_samples=10).grad_clip is None
