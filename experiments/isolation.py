@@ -1,7 +1,9 @@
 """Runs one point in a child process, so an out-of-memory, a hang or a hard crash costs only that point.
 
-The child is forked from the sweep process, which has imported torch but never touched a GPU, so a point
-starts in milliseconds instead of paying torch's import again, and CUDA is initialised fresh in each child.
+Children are forked from a fork server that imported torch and the models once and never ran an op: a point
+starts in milliseconds instead of paying torch's import again, CUDA is initialised fresh in each child, and no
+child inherits an OpenMP thread pool (forking a process that has run torch ops on the CPU can deadlock the child
+at its first parallel region, because libgomp's threads do not survive a fork).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import resource
 import signal
 import traceback
 from collections.abc import Callable
+from functools import lru_cache
 
 from .point import Point
 
@@ -36,10 +39,21 @@ def _child(target: Callable[[Point], Row], point: Point, conn) -> None:
         conn.close()
 
 
+@lru_cache(maxsize=1)
+def _context() -> mp.context.BaseContext:
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["experiments.measure"])
+    return ctx
+
+
 def run_isolated(target: Callable[[Point], Row], point: Point, timeout_s: float) -> Row:
-    """`target(point)` in a fresh child; a timeout or a dead child becomes a row with that status."""
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    ctx = mp.get_context(method)
+    """`target(point)` in a fresh child; a timeout or a dead child becomes a row with that status.
+
+    `target` must be importable by name (a module-level function), as the child unpickles it.
+    """
+    ctx = _context()
     receive, send = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_child, args=(target, point, send), daemon=True)
     process.start()

@@ -1,0 +1,126 @@
+"""The instrument: MAC counters reconcile, memory and timing follow their protocol, failures become rows."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments.counting import flop_counter_flops, fvcore_macs
+from experiments.isolation import run_isolated
+from experiments.measure import measure_point
+from experiments.memory import cpu_peak_bytes, peak_memory
+from experiments.point import Point
+from experiments.schema import COLUMNS, KEY_COLUMNS
+from experiments.timing import TimingProtocol, time_call
+from mixers import list_mixers
+from models import create_vit
+
+QUICK = TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0)
+
+
+@pytest.mark.parametrize("mixer", list_mixers())
+@pytest.mark.parametrize("img_size,patch_size", [(16, 4), (28, 4), (36, 4), (32, 2)])
+def test_counted_macs_agree_with_analytic(mixer: str, img_size: int, patch_size: int) -> None:
+    """fvcore (with our handles) and FlopCounterMode / 2 each within 1% of model.macs(), at every grid."""
+    model = create_vit("micro", mixer=mixer, img_size=img_size, patch_size=patch_size, depth=2).eval()
+    example = torch.randn(1, 3, img_size, img_size)
+    analytic = model.macs()
+    assert fvcore_macs(model, example) == pytest.approx(analytic, rel=0.01)
+    assert flop_counter_flops(model, example) / 2 == pytest.approx(analytic, rel=0.01)
+
+
+class OnlySDPA(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(x, x, x)
+
+
+def test_sdpa_handle_fires() -> None:
+    """fvcore alone reports 0 for a model whose only matmul is SDPA; with our handle it counts QK^T and AV."""
+    b, h, n, d = 2, 3, 17, 8
+    assert fvcore_macs(OnlySDPA(), torch.randn(b, h, n, d)) == 2 * b * h * n * n * d
+
+
+def test_cpu_peak_sees_allocations() -> None:
+    def allocate() -> None:
+        a = torch.empty(1 << 20, dtype=torch.uint8)
+        b = torch.empty(2 << 20, dtype=torch.uint8)
+        del a
+        c = torch.empty(3 << 20, dtype=torch.uint8)
+        del b, c
+
+    assert cpu_peak_bytes(allocate) == 5 << 20  # b and c alive together, a already freed
+
+
+def test_materialised_attention_peaks_higher() -> None:
+    """The N x N matrices of attention_naive show in the measured peak; SDPA's CPU flash kernel avoids them."""
+    peaks = {}
+    for mixer in ("attention", "attention_naive"):
+        model = create_vit("micro", mixer=mixer, img_size=128, patch_size=2, depth=1).eval()
+        x = torch.randn(1, 3, 128, 128)
+        with torch.inference_mode():
+            peaks[mixer] = peak_memory(lambda: model(x), torch.device("cpu")).allocated_mb
+    n = 64 * 64
+    assert peaks["attention_naive"] - peaks["attention"] >= 2 * n * n * 4 / 2**20 * 0.9  # one head's scores at least
+
+
+def test_timing_reaches_count_and_time() -> None:
+    calls = []
+    timing = time_call(lambda: calls.append(1), torch.device("cpu"), TimingProtocol(warmup=2, min_repeats=4, min_time_s=0))
+    assert timing.repeats == 4 and len(calls) == 6
+    timing = time_call(lambda: time.sleep(0.01), torch.device("cpu"), TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.05))
+    assert timing.repeats >= 5 and timing.median_ms >= 10 and timing.iqr_ms >= 0
+
+
+def point(**kwargs) -> Point:
+    defaults = dict(mixer="attention", preset="micro", img_size=16, patch_size=4, batch_size=2, timing=QUICK)
+    return Point(**{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize("mixer", list_mixers())
+def test_a_measured_row_is_complete(mixer: str) -> None:
+    row = measure_point(point(mixer=mixer))
+    assert row["status"] == "ok", row["error"]
+    unfilled = [c for c in COLUMNS if c not in KEY_COLUMNS and row.get(c) in (None, "")]
+    expected_empty = {"error", "peak_mem_reserved_mb", "cuda_version", "train_samples", "accuracy", "best_accuracy",
+                      "final_train_loss", "train_time_s", "train_img_s"}
+    assert set(unfilled) <= expected_empty
+    assert row["macs"] == pytest.approx(row["macs_analytic"], rel=0.01)
+    assert row["flops_counted"] == pytest.approx(2 * row["macs_analytic"], rel=0.01)
+    assert row["throughput_img_s"] == pytest.approx(2 / (row["latency_ms"] / 1e3))
+    assert row["memory_method"] == "cpu_profiler" and row["impl"]
+
+
+def test_forced_oom_is_a_row() -> None:
+    """A memory cap on the worker makes the 16K-token materialised attention fail to allocate: status oom."""
+    row = run_isolated(measure_point, point(mixer="attention_naive", img_size=256, patch_size=2, batch_size=1,
+                                            memory_limit_mb=400, measure_train_step=False), timeout_s=120)
+    assert row["status"] == "oom", row
+    assert "allocate" in row["error"]
+    assert row["macs_analytic"] > 0 and row["gmacs"] > 0  # cost known even past the wall
+
+
+def _killed(p: Point) -> dict:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
+def _hangs(p: Point) -> dict:
+    time.sleep(60)
+    return {}
+
+
+def _raises(p: Point) -> dict:
+    raise RuntimeError("boom")
+
+
+def test_isolation_turns_deaths_into_rows() -> None:
+    assert run_isolated(_killed, point(), 30)["status"] == "oom"
+    started = time.perf_counter()
+    assert run_isolated(_hangs, point(), 1)["status"] == "timeout"
+    assert time.perf_counter() - started < 30
+    row = run_isolated(_raises, point(), 30)
+    assert row["status"] == "error" and "boom" in row["error"]
