@@ -123,7 +123,7 @@ def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[
     recipe = TrainRecipe(epochs=point.epochs, **json.loads(point.train))
     bundle = build_dataset(
         point.dataset, img_size=point.img_size, data_dir=point.data_dir or None,
-        data_path=point.data_path or None, seed=point.seed,
+        data_path=point.data_path or None, seed=point.seed, train_samples=recipe.train_samples,
     )
     torch.manual_seed(point.seed)
     model = build_model(point, num_classes=bundle.num_classes, in_chans=bundle.in_chans)
