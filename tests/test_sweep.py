@@ -1,0 +1,146 @@
+"""The sweep runner end to end: rows, resume, kill -9, bad input, the OOM cascade, the submitit launcher."""
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.runs_file import append_row, read_rows
+from experiments.schema import COLUMNS
+from experiments.sweep import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+TINY = """
+name = "tiny"
+mixers = ["attention", "linear"]
+presets = ["micro"]
+img_sizes = [16, 32]
+patch_sizes = [8]
+measure_train_step = false
+timeout_s = 120
+overrides = {"*" = {depth = 1}}
+
+[timing]
+warmup = 0
+min_repeats = 1
+min_time_s = 0.0
+"""
+
+
+def write_config(tmp_path: Path, text: str = TINY) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    return path
+
+
+def rows_of(out: Path) -> list[dict[str, str]]:
+    return read_rows(out / "runs.csv")
+
+
+def test_tiny_sweep_end_to_end_and_resume(tmp_path: Path, capsys) -> None:
+    config, out = write_config(tmp_path), tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out), "--quiet"]) == 0
+    rows = rows_of(out)
+    assert [(r["mixer"], r["tokens"], r["status"]) for r in rows] == [
+        ("attention", "4", "ok"), ("attention", "16", "ok"), ("linear", "4", "ok"), ("linear", "16", "ok")]
+    assert all(r["commit"] and r["torch_version"] and r["device_name"] and r["impl"] for r in rows)
+    assert (out / "summary.md").exists() and any((out / "figures").glob("*.png"))
+    assert "report:" in capsys.readouterr().out
+
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report"]) == 0
+    assert len(rows_of(out)) == 4  # resume: nothing new to run
+
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--img-sizes", "16", "24"]) == 0
+    assert len(rows_of(out)) == 6  # only the two new points were added
+
+
+def test_killed_sweep_resumes_without_loss(tmp_path: Path) -> None:
+    config, out = write_config(tmp_path), tmp_path / "out"
+    command = [sys.executable, "-m", "experiments.sweep", "--config", str(config), "--out", str(out), "--quiet",
+               "--no-report", "--img-sizes", "16", "32", "48", "64"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs = out / "runs.csv"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not runs.exists() or runs.read_text().count("\n") < 3):
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    before = rows_of(out)
+    assert 2 <= len(before) < 8
+    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = rows_of(out)
+    assert after[: len(before)] == before  # nothing written was lost or changed
+    keys = [(r["mixer"], r["img_size"]) for r in after]
+    assert len(keys) == len(set(keys)) == 8
+
+
+def test_half_written_row_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    append_row(path, {"mixer": "attention", "status": "ok"})
+    with path.open("a") as f:
+        f.write("linear,micro,{},3")  # a write cut short: no newline
+    assert len(read_rows(path)) == 1
+    append_row(path, {"mixer": "swin", "status": "ok"})
+    assert [r["mixer"] for r in read_rows(path)] == ["attention", "swin"]
+    assert list(csv.reader(path.open()))[0] == list(COLUMNS)
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--mixers", "atention"], "unknown mixer(s) atention; registered: attention"),
+        (["--img-sizes", "30", "--patch-sizes", "8"], "patch size does not divide the image for 30px/patch 8"),
+        (["--batch-sizes", "0"], "batch_sizes must be >= 1"),
+        (["--config", "no_such_config"], "no config 'no_such_config'; named configs: default"),
+        (["--epochs", "1", "--dataset", "npz", "--data-path", "/nonexistent/x.npz"], "/nonexistent/x.npz"),
+    ],
+)
+def test_bad_input_is_one_line_and_touches_nothing(tmp_path: Path, flags: list[str], message: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "runs.csv").write_text(",".join(COLUMNS) + "\n")
+    before = (out / "runs.csv").read_bytes()
+    args = ["--config", str(write_config(tmp_path)), "--out", str(out), *flags]
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep", *args], cwd=REPO, capture_output=True,
+                            text=True)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert (out / "runs.csv").read_bytes() == before
+
+
+def test_config_typo_names_the_field(tmp_path: Path) -> None:
+    config = write_config(tmp_path, TINY.replace("img_sizes", "img_sizs"))
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", str(config)], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "unknown field(s) img_sizs" in result.stderr and "img_sizes" in result.stderr
+
+
+def test_out_of_memory_skips_larger_points(tmp_path: Path) -> None:
+    """A memory cap makes materialised attention fail at 16K tokens: that row is oom, larger ones skipped."""
+    config, out = write_config(tmp_path), tmp_path / "out"
+    args = ["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--mixers", "attention_naive",
+            "--img-sizes", "32", "512", "1024", "--patch-sizes", "4", "--memory-limit-mb", "600"]
+    assert main(args) == 0
+    statuses = [(r["tokens"], r["status"]) for r in rows_of(out)]
+    assert statuses == [("64", "ok"), ("16384", "oom"), ("65536", "skipped")]
+    assert "ran out of memory at 16384 tokens" in rows_of(out)[2]["error"]
+    assert main(args) == 0 and len(rows_of(out)) == 3  # oom and skipped rows count as done...
+    assert main([*args, "--retry-failed"]) == 0
+    assert [r["status"] for r in rows_of(out)][3:] == ["oom", "skipped"]  # ...until asked to retry
+
+
+def test_submitit_local_executor(tmp_path: Path) -> None:
+    config, out = write_config(tmp_path), tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--launcher", "submitit",
+                 "--mixers", "linear"]) == 0
+    rows = rows_of(out)
+    assert [(r["mixer"], r["status"]) for r in rows] == [("linear", "ok"), ("linear", "ok")]
