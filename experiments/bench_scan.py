@@ -1,0 +1,194 @@
+"""Benchmark: our pure-PyTorch selective scan against mamba-ssm's own `selective_scan_ref`, on CPU.
+
+Times forward (no grad) and forward+backward at one Mamba-like problem (default B=1, D=192, L=1024, N=16, fp32, the
+size measured in KERNELS.md) with `torch.utils.benchmark.Timer` and an explicit thread count, and reports medians,
+IQRs, speed-ups and the largest differences of outputs and gradients.
+
+`selective_scan_ref` is read from mamba-ssm's source archive (the package installs only with CUDA). Get it with
+
+    MAMBA_SKIP_CUDA_BUILD=TRUE pip download --no-deps --no-binary :all: --no-build-isolation \
+        mamba-ssm==2.3.2.post1 -d /tmp/mamba_src
+    tar xzf /tmp/mamba_src/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba_src
+
+(pip prepares the sdist's metadata, which imports torch: hence no build isolation, in an environment with torch)
+and pass `--mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1`. Without it only our scans are timed.
+
+Usage:
+    python -m experiments.bench_scan --mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1 --num-threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.benchmark import Measurement, Timer
+
+from mixers.selective_scan import selective_scan, selective_scan_loop, selective_scan_reference
+
+GET_SOURCE = (
+    "MAMBA_SKIP_CUDA_BUILD=TRUE pip download --no-deps --no-binary :all: --no-build-isolation "
+    "mamba-ssm==2.3.2.post1 -d /tmp/mamba_src && tar xzf /tmp/mamba_src/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba_src"
+)
+INPUT_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+
+
+def load_selective_scan_ref(src: Path) -> Callable[..., torch.Tensor]:
+    """mamba-ssm's `selective_scan_ref` from an unpacked source tree, importable without CUDA.
+
+    `selective_scan_interface.py` imports the compiled `selective_scan_cuda` and a Triton layer norm at module
+    level; both are stubbed, and the package's `__init__` (which imports every model) is bypassed. The stubs are
+    removed from `sys.modules` afterwards so that nothing else in the process mistakes them for mamba-ssm.
+    """
+    package_dir = src / "mamba_ssm"
+    if not (package_dir / "ops" / "selective_scan_interface.py").is_file():
+        raise FileNotFoundError(f"{src} holds no mamba_ssm/ops/selective_scan_interface.py")
+    before = set(sys.modules)
+    package = types.ModuleType("mamba_ssm")
+    package.__path__ = [str(package_dir)]
+    layer_norm = types.ModuleType("mamba_ssm.ops.triton.layer_norm")
+    layer_norm._layer_norm_fwd = None
+    stubs = {
+        "mamba_ssm": package,
+        "mamba_ssm.ops.triton.layer_norm": layer_norm,
+        "selective_scan_cuda": types.ModuleType("selective_scan_cuda"),
+    }
+    sys.modules.update(stubs)
+    try:
+        module = importlib.import_module("mamba_ssm.ops.selective_scan_interface")
+    finally:
+        for name in set(sys.modules) - before:
+            if name == "mamba_ssm" or name.startswith("mamba_ssm.") or name == "selective_scan_cuda":
+                del sys.modules[name]
+    return module.selective_scan_ref
+
+
+def make_inputs(batch: int, channels: int, length: int, d_state: int, seed: int) -> dict[str, torch.Tensor | bool]:
+    """Inputs as a Mamba layer at initialisation sees them: S4D-real A, dt in [1e-3, 1e-1] through softplus."""
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.exp(torch.rand(channels, generator=g) * (torch.log(torch.tensor(0.1)) - torch.log(torch.tensor(1e-3)))
+                   + torch.log(torch.tensor(1e-3)))
+    return dict(
+        u=torch.randn(batch, channels, length, generator=g),
+        delta=torch.randn(batch, channels, length, generator=g) * 0.5,
+        A=-torch.arange(1, d_state + 1, dtype=torch.float32).repeat(channels, 1),
+        B=torch.randn(batch, d_state, length, generator=g),
+        C=torch.randn(batch, d_state, length, generator=g),
+        D=torch.ones(channels),
+        z=torch.randn(batch, channels, length, generator=g),
+        delta_bias=dt + torch.log(-torch.expm1(-dt)),
+        delta_softplus=True,
+    )
+
+
+def time_it(fn: Callable[[], object], num_threads: int, repeats: int, block_seconds: float) -> Measurement:
+    """`repeats` timed blocks of `fn` with `Timer`, each block about `block_seconds` long, after a warm-up call."""
+    timer = Timer("fn()", globals={"fn": fn}, num_threads=num_threads)
+    once = timer.timeit(number=1).median
+    number = max(1, round(block_seconds / max(once, 1e-9)))
+    return Measurement.merge([timer.timeit(number=number) for _ in range(repeats)])[0]
+
+
+def forward_and_grads(scan: Callable[..., torch.Tensor], inputs: dict, dy: torch.Tensor) -> dict[str, torch.Tensor]:
+    """y and the gradient of <y, dy> w.r.t. every tensor input, in float64 for comparison."""
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    y = scan(**{**inputs, **leaves})
+    grads = torch.autograd.grad(y, list(leaves.values()), dy.to(y.dtype))
+    return {"y": y.detach().double(), **{f"d{k}": g.double() for k, g in zip(leaves, grads)}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Time our pure-PyTorch selective scan against mamba-ssm's selective_scan_ref (CPU, fp32): "
+        "forward and forward+backward medians and IQRs, speed-ups, and the largest differences of outputs and "
+        "gradients (also against a float64 reference).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--mamba-src", type=Path, default=None,
+                        help=f"unpacked mamba-ssm source folder (holds mamba_ssm/); get it with: {GET_SOURCE}")
+    parser.add_argument("--num-threads", type=int, default=torch.get_num_threads(),
+                        help="intra-op threads for every timing (Timer's own default would be one)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--channels", type=int, default=192, help="scanned channels D")
+    parser.add_argument("--length", type=int, default=1024, help="time steps L")
+    parser.add_argument("--d-state", type=int, default=16, help="state size N")
+    parser.add_argument("--repeats", type=int, default=7, help="timed blocks per case (median and IQR over these)")
+    parser.add_argument("--block-seconds", type=float, default=0.3, help="target length of one timed block")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-float64", action="store_true", help="skip the float64 reference (slow at large L)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.num_threads)
+    inputs = make_inputs(args.batch, args.channels, args.length, args.d_state, args.seed)
+    dy = torch.randn(args.batch, args.channels, args.length, generator=torch.Generator().manual_seed(args.seed + 1))
+
+    scans: dict[str, Callable[..., torch.Tensor]] = {
+        "torch_stream (op)": lambda **kw: selective_scan(**kw, impl="torch_stream")[0],
+        "torch_loop (autograd)": selective_scan_loop,
+    }
+    ref_name = "mamba-ssm selective_scan_ref"
+    if args.mamba_src is None:
+        print(f"--mamba-src not given: timing our scans only. To compare, get the source with:\n  {GET_SOURCE}\n"
+              "and pass --mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1\n")
+    else:
+        try:
+            scans[ref_name] = load_selective_scan_ref(args.mamba_src)
+        except (FileNotFoundError, ImportError) as err:
+            print(f"could not load selective_scan_ref from {args.mamba_src} ({err}); timing our scans only. "
+                  f"Get the source with:\n  {GET_SOURCE}\n")
+
+    print(f"selective scan, B={args.batch} D={args.channels} L={args.length} N={args.d_state}, fp32, "
+          f"with D, z, delta_bias, softplus; torch {torch.__version__}, {args.num_threads} thread(s)\n")
+    rows = []
+    for name, scan in scans.items():
+        def forward(scan=scan) -> None:
+            with torch.no_grad():
+                scan(**inputs)
+
+        leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+        def forward_backward(scan=scan, leaves=leaves) -> None:
+            y = scan(**{**inputs, **leaves})
+            torch.autograd.grad(y, list(leaves.values()), dy)
+
+        for pass_name, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
+            m = time_it(fn, args.num_threads, args.repeats, args.block_seconds)
+            rows.append((name, pass_name, m.median * 1e3, m.iqr * 1e3))
+
+    base = {p: ms for n, p, ms, _ in rows if n == ref_name}
+    print(f"| {'implementation':<30} | {'pass':<7} | {'median ms':>9} | {'IQR ms':>7} | {'speed-up vs ref':>15} |")
+    print(f"|{'-' * 32}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 17}|")
+    for name, pass_name, ms, iqr in rows:
+        speedup = f"{base[pass_name] / ms:.1f}x" if pass_name in base else "n/a"
+        print(f"| {name:<30} | {pass_name:<7} | {ms:9.1f} | {iqr:7.1f} | {speedup:>15} |")
+
+    results = {name: forward_and_grads(scan, inputs, dy) for name, scan in scans.items()}
+    references = {}
+    if ref_name in results:
+        references["vs selective_scan_ref"] = results[ref_name]
+    if not args.skip_float64:
+        references["vs float64 reference"] = forward_and_grads(
+            selective_scan_reference, {k: v.double() if isinstance(v, torch.Tensor) else v
+                                       for k, v in inputs.items()}, dy.double())
+    print("\nlargest differences: max |a - b| (and max |a - b| / max |b|), over y and the grads of every input")
+    for ref_label, ref in references.items():
+        for name, res in results.items():
+            if res is ref:
+                continue
+            diffs = {k: (res[k] - ref[k]).abs().max().item() for k in ref}
+            rels = {k: diffs[k] / max(ref[k].abs().max().item(), 1e-30) for k in ref}
+            worst_grad = max((k for k in ref if k != "y"), key=rels.get)
+            print(f"  {name:<30} {ref_label:<22} y: {diffs['y']:.2e} ({rels['y']:.1e})   "
+                  f"grads: worst {worst_grad} {diffs[worst_grad]:.2e} ({rels[worst_grad]:.1e}), "
+                  f"max abs over grads {max(diffs[k] for k in ref if k != 'y'):.2e}")
+    print(f"\nmedian of per-case IQR/median: {statistics.median(iqr / ms for *_, ms, iqr in rows):.2f} "
+          "(CPU timings on shared machines are noisy; compare ratios within one run)")
+
+
+if __name__ == "__main__":
+    main()
