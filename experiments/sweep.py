@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from .config import ConfigError, SweepConfig, config_from_dict, group_key, load_config, named_configs
+from .datasets import DatasetError
 from .point import Point
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 from .schema import KEY_COLUMNS
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         points = config.points(list_mixers())
         check_environment(config)
         read_rows(config.out_dir / "runs.csv")  # refuse a foreign runs.csv before running anything
-    except (ConfigError, RunsFileError) as error:
+    except (ConfigError, RunsFileError, DatasetError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:

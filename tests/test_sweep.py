@@ -98,7 +98,7 @@ def test_half_written_row_is_dropped(tmp_path: Path) -> None:
         (["--mixers", "atention"], "unknown mixer(s) atention; registered: attention"),
         (["--img-sizes", "30", "--patch-sizes", "8"], "patch size does not divide the image for 30px/patch 8"),
         (["--batch-sizes", "0"], "batch_sizes must be >= 1"),
-        (["--config", "no_such_config"], "no config 'no_such_config'; named configs: default"),
+        (["--config", "no_such_config"], "no config 'no_such_config'; named configs: "),
         (["--epochs", "1", "--dataset", "npz", "--data-path", "/nonexistent/x.npz"], "/nonexistent/x.npz"),
     ],
 )
