@@ -7,6 +7,7 @@ one size). Command-line flags override the file, in every run.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import sys
@@ -81,8 +82,12 @@ class SweepConfig:
             if unknown:
                 raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; valid: "
                                   f"{', '.join(sorted(RUN_FIELDS))}")
-            changes = {k: _as_field(k, v, where) for k, v in run.items() if k != "name"}
-            configs.append(dataclasses.replace(self, runs=(), **changes))
+            try:
+                changes = {k: _as_field(k, v, where) for k, v in run.items() if k != "name"}
+                configs.append(dataclasses.replace(self, runs=(), **changes))
+            except ConfigError as error:
+                message = str(error)
+                raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
         return configs
 
     def points(self, available_mixers: list[str]) -> list[Point]:
@@ -91,7 +96,7 @@ class SweepConfig:
         for config in self.run_configs():
             for point in config._grid(available_mixers):
                 points.setdefault(point.key, point)
-        return sorted(points.values(), key=lambda p: (*group_key(p), p.tokens, p.img_size))
+        return sorted(points.values(), key=lambda p: (*p.group, p.tokens, p.img_size))
 
     def _grid(self, available_mixers: list[str]) -> list[Point]:
         mixers = self.mixers or tuple(available_mixers)
@@ -103,32 +108,64 @@ class SweepConfig:
             pairs = ", ".join(f"{i}px/patch {p}" for i, p in bad)
             raise ConfigError(f"patch_sizes: patch size does not divide the image for {pairs}; "
                               "choose image sizes that are multiples of every patch size")
-        if self.epochs > 0 and not self.dataset:
-            raise ConfigError("dataset: epochs > 0 needs a data set (e.g. --dataset pathfinder)")
+        self._check_training()
+        self._check_models(mixers)
         timing = TimingProtocol(**self.timing)
-        train = canonical_json(self.train)
-        return [
+        train = canonical_json(self.train) if self.epochs else "{}"
+        checkpoints = self.out_dir / "checkpoints"
+        points = [
             Point(
                 mixer=mixer, preset=preset, img_size=img, patch_size=patch, batch_size=batch,
                 device=self.device, dtype=self.dtype, dataset=self.dataset if self.epochs else "",
                 epochs=self.epochs, seed=seed, overrides=canonical_json(self.model_overrides(mixer)),
                 timing=timing, measure_train_step=self.measure_train_step, memory_limit_mb=self.memory_limit_mb,
                 num_threads=self.num_threads, data_dir=self.data_dir, data_path=self.data_path, train=train,
+                timeout_s=self.timeout_s,
             )
             for mixer, preset, img, patch, batch, seed in itertools.product(
                 mixers, self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self.seeds
             )
         ]
+        if not self.epochs:
+            return points
+        # A training point checkpoints every epoch under a folder named by its key, so a rerun resumes it.
+        return [dataclasses.replace(p, checkpoint_dir=str(checkpoints / _digest(p.key))) for p in points]
+
+    def _check_training(self) -> None:
+        if self.epochs == 0:
+            return
+        if not self.dataset:
+            raise ConfigError("dataset: epochs > 0 needs a data set (e.g. --dataset pathfinder)")
+        if "epochs" in self.train:
+            raise ConfigError("train: set epochs as a top-level field (or --epochs), not inside [train]")
+        if self.dtype == "float16":
+            raise ConfigError("dtype: training supports float32 and bfloat16 (float16 would need a loss scaler)")
+        from .train import TrainRecipe
+
+        try:
+            TrainRecipe(epochs=self.epochs, **self.train)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"train: {error}") from None
+
+    def _check_models(self, mixers: tuple[str, ...]) -> None:
+        """Builds each (mixer, preset) once on the meta device, so bad overrides fail before anything runs."""
+        from .measure import build_model
+
+        for mixer, preset in itertools.product(mixers, self.presets):
+            probe = Point(mixer=mixer, preset=preset, img_size=self.patch_sizes[0], patch_size=self.patch_sizes[0],
+                          batch_size=1, overrides=canonical_json(self.model_overrides(mixer)))
+            try:
+                build_model(probe, device="meta")
+            except (TypeError, ValueError) as error:
+                raise ConfigError(f"overrides for {mixer} ({preset}): {error}") from None
 
     def model_overrides(self, mixer: str) -> dict:
         merged = {**self.overrides.get("*", {}), **self.overrides.get(mixer, {})}
         return merged
 
 
-def group_key(point: Point) -> tuple[str, ...]:
-    """Points that differ only in size: once one runs out of memory, the larger ones are skipped."""
-    return (point.mixer, point.preset, point.overrides, str(point.batch_size), point.device, point.dtype,
-            point.dataset, str(point.epochs), str(point.seed))
+def _digest(key: tuple[str, ...]) -> str:
+    return hashlib.sha1("\x1f".join(key).encode()).hexdigest()[:16]
 
 
 _TYPES = {f.name: f.type for f in dataclasses.fields(SweepConfig)}
@@ -173,10 +210,14 @@ def check_fields(config: SweepConfig, where: str) -> None:
         raise ConfigError(f"{prefix}epochs must be >= 0, got {config.epochs}")
     if config.timeout_s <= 0:
         raise ConfigError(f"{prefix}timeout_s must be > 0, got {config.timeout_s}")
+    if config.memory_limit_mb and config.device == "cuda":
+        raise ConfigError(f"{prefix}memory_limit_mb caps CPU memory only; leave it at 0 with device cuda")
     try:
         TimingProtocol(**config.timing)
     except TypeError as error:
         raise ConfigError(f"{prefix}timing: {error}; valid: warmup, min_repeats, min_time_s, max_repeats") from None
+    except ValueError as error:
+        raise ConfigError(f"{prefix}{error}") from None
     json.dumps(config.overrides)
 
 

@@ -55,9 +55,12 @@ def run_isolated(target: Callable[[Point], Row], point: Point, timeout_s: float)
     """
     ctx = _context()
     receive, send = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_child, args=(target, point, send), daemon=True)
+    # Not a daemon: a point may start worker pools of its own (data generation). It is killed below whatever
+    # happens, so it never outlives the sweep.
+    process = ctx.Process(target=_child, args=(target, point, send))
     process.start()
     send.close()
+    row: Row | None = None
     try:
         if receive.poll(timeout_s):
             try:

@@ -5,7 +5,6 @@ Either way the sweep process alone writes runs.csv, so rows from a cluster land 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from .config import SweepConfig
 from .isolation import run_isolated
@@ -13,72 +12,83 @@ from .measure import measure_point
 from .point import Point
 
 Record = Callable[[Point, dict], None]
-ShouldSkip = Callable[[Point], "int | None"]
-SkippedRow = Callable[[Point, int], dict]
+# Decides, just before a point runs, whether it runs as is, runs adjusted, or is recorded as skipped.
+Prepare = Callable[[Point], "tuple[Point, dict | None]"]
 
 
 class LocalLauncher:
-    """Points one after another, each in a forked child with the config's time limit."""
+    """Points one after another, each in its own child process with the point's time limit."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-
-    def run(self, points: list[Point], record: Record, should_skip: ShouldSkip, skipped_row: SkippedRow, bar) -> None:
+    def run(self, points: list[Point], record: Record, prepare: Prepare, bar) -> None:
         for point in points:
-            oom_tokens = should_skip(point)
-            if oom_tokens is not None:
-                record(point, skipped_row(point, oom_tokens))
+            point, skipped = prepare(point)
+            if skipped is not None:
+                record(point, skipped)
                 continue
             bar.set_postfix_str(point.label(), refresh=True)
-            record(point, run_isolated(measure_point, point, self.timeout_s))
+            record(point, run_isolated(measure_point, point, point.timeout_s))
 
 
-def measure_in_job(point: Point, timeout_s: float) -> dict:
+def measure_in_job(point: Point) -> dict:
     """What a submitit job runs: the same isolated measurement as a local sweep."""
-    return run_isolated(measure_point, point, timeout_s)
+    return run_isolated(measure_point, point, point.timeout_s)
 
 
 class SubmititLauncher:
     """A job per point through submitit: Slurm when a partition is given, else its local executor.
 
-    Points of a group run in parallel, so an out-of-memory point cancels the larger points of its group that
-    have not started, and records them as skipped.
+    On Slurm the jobs of a sweep run in parallel, each on its own allocation (a GPU each for CUDA sweeps), so an
+    out-of-memory point cancels the larger points of its group that have not started. The local executor would
+    start every job at once on one machine and time them against each other, so there they run one at a time.
     """
 
-    def __init__(self, folder: Path, timeout_s: float, partition: str | None) -> None:
+    def __init__(self, config: SweepConfig, partition: str | None) -> None:
         import submitit
 
-        cluster = "slurm" if partition else "local"
-        self.executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-        params = {"timeout_min": max(1, int(timeout_s // 60) + 2)}
+        self.parallel = partition is not None
+        self.executor = submitit.AutoExecutor(folder=config.out_dir / ".submitit",
+                                              cluster="slurm" if partition else "local")
+        longest = max(p.timeout_s for p in [config] + config.run_configs())
+        params: dict[str, object] = {"timeout_min": max(1, int(longest // 60) + 2), "nodes": 1, "tasks_per_node": 1}
+        if any(run.device == "cuda" for run in config.run_configs()):
+            params["gpus_per_node"] = 1
         if partition:
             params["slurm_partition"] = partition
         self.executor.update_parameters(**params)
-        self.timeout_s = timeout_s
 
-    def run(self, points: list[Point], record: Record, should_skip: ShouldSkip, skipped_row: SkippedRow, bar) -> None:
+    def run(self, points: list[Point], record: Record, prepare: Prepare, bar) -> None:
+        if not self.parallel:
+            for point in points:
+                point, skipped = prepare(point)
+                if skipped is None:
+                    bar.set_postfix_str(point.label(), refresh=True)
+                record(point, skipped if skipped is not None else self._result(point, self.executor.submit(measure_in_job, point)))
+            return
         jobs = []
         for point in points:
-            oom_tokens = should_skip(point)
-            if oom_tokens is not None:
-                record(point, skipped_row(point, oom_tokens))
+            point, skipped = prepare(point)
+            if skipped is not None:
+                record(point, skipped)
             else:
-                jobs.append((point, self.executor.submit(measure_in_job, point, self.timeout_s)))
+                jobs.append((point, self.executor.submit(measure_in_job, point)))
         for point, job in jobs:  # in sweep order, so rows land ascending within a group
-            oom_tokens = should_skip(point)
-            if oom_tokens is not None and not job.done():
+            _, skipped = prepare(point)
+            if skipped is not None and not job.done():
                 job.cancel(check=False)
-                record(point, skipped_row(point, oom_tokens))
+                record(point, skipped)
                 continue
             bar.set_postfix_str(point.label(), refresh=True)
-            try:
-                row = job.result()
-            except Exception as error:  # noqa: BLE001 - a failed job is one failed point
-                row = {"status": "error", "error": f"submitit job {job.job_id}: {type(error).__name__}: {error}"[:500]}
-            record(point, row)
+            record(point, self._result(point, job))
+
+    @staticmethod
+    def _result(point: Point, job) -> dict:
+        try:
+            return job.result()
+        except Exception as error:  # noqa: BLE001 - a failed job is one failed point
+            return {"status": "error", "error": f"submitit job {job.job_id}: {type(error).__name__}: {error}"[:500]}
 
 
-def make_launcher(config: SweepConfig, slurm_partition: str | None = None):
+def make_launcher(config: SweepConfig, slurm_partition: str | None = None) -> LocalLauncher | SubmititLauncher:
     if config.launcher == "submitit":
-        return SubmititLauncher(config.out_dir / ".submitit", config.timeout_s, slurm_partition)
-    return LocalLauncher(config.timeout_s)
+        return SubmititLauncher(config, slurm_partition)
+    return LocalLauncher()

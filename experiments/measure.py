@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from contextlib import nullcontext
 
 import torch
@@ -25,7 +26,7 @@ OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory
 
 def is_out_of_memory(error: BaseException) -> bool:
     """CUDA's OutOfMemoryError, or the CPU allocator's / Python's refusal to allocate."""
-    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in OOM_MARKERS)
 
@@ -127,11 +128,45 @@ def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[
     )
     torch.manual_seed(point.seed)
     model = build_model(point, num_classes=bundle.num_classes, in_chans=bundle.in_chans)
-    result = train_and_evaluate(model, bundle.train, bundle.test, recipe, device=device, dtype=dtype, seed=point.seed)
+    result = train_and_evaluate(model, bundle.train, bundle.test, recipe, device=device, dtype=dtype, seed=point.seed,
+                                checkpoint_dir=Path(point.checkpoint_dir) if point.checkpoint_dir else None)
     row = result.to_row()
     row["status"] = result.status
     if result.error:
         row["error"] = result.error
+    return row
+
+
+def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: torch.device, row: dict) -> str:
+    """Measures the training step into `row`; returns the out-of-memory message instead of raising one."""
+    try:
+        row.update(measure_train_step(model, point, dtype, device))
+        row["train_status"] = "ok"
+        return ""
+    except Exception as error:  # noqa: BLE001
+        if not is_out_of_memory(error):
+            raise
+        return f"{type(error).__name__}: {error}".splitlines()[0][:400]
+
+
+def _free(device: torch.device) -> None:
+    """Returns cached blocks after an out-of-memory, outside the except block that held the failed frames."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def describe_without_running(point: Point) -> dict[str, object]:
+    """The columns known from the configuration alone (a meta-device model: no memory), for rows of points
+    that never reported (killed, timed out, skipped)."""
+    try:
+        row = describe(point, build_model(point, device="meta"))
+    except Exception:  # noqa: BLE001 - a point that cannot even be built has its own error row
+        return {"tokens": point.tokens}
+    row["gmacs"] = row["macs_analytic"] / 1e9
+    row["gflops"] = 2 * row["gmacs"]
     return row
 
 
@@ -150,7 +185,10 @@ def measure_point(point: Point) -> dict[str, object]:
         row["flops_counted"] = count_on_meta(point, model.in_chans, model.num_classes)
         row.update(measure_inference(model, point, dtype, device))
         if point.measure_train_step:
-            row.update(measure_train_step(model, point, dtype, device))
+            train_oom = _train_step_or_oom(model, point, dtype, device, row)
+            if train_oom:  # inference results stand; the training wall is its own data point
+                row["train_status"], row["error"] = "oom", f"train step: {train_oom}"
+                _free(device)
         with torch.no_grad():
             example = torch.randn(1, model.in_chans, *model.img_size, device=device)
             row["macs"] = fvcore_macs(model.eval().float(), example)

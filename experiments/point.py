@@ -23,6 +23,7 @@ class Point:
     epochs: int = 0
     seed: int = 0
     overrides: str = "{}"  # JSON: ViTConfig overrides and "mixer_options", sorted keys
+    train: str = "{}"  # JSON of TrainRecipe fields; "{}" when epochs is 0
     # how to measure (not part of the key)
     timing: TimingProtocol = field(default_factory=TimingProtocol)
     measure_train_step: bool = True
@@ -30,7 +31,8 @@ class Point:
     num_threads: int = 0
     data_dir: str = ""
     data_path: str = ""
-    train: str = "{}"  # JSON of TrainRecipe fields
+    timeout_s: float = 1800.0
+    checkpoint_dir: str = ""  # where training checkpoints go, so a killed training point resumes
 
     @property
     def tokens(self) -> int:
@@ -39,6 +41,10 @@ class Point:
     @property
     def key(self) -> tuple[str, ...]:
         return point_key(asdict(self))
+
+    @property
+    def group(self) -> tuple[str, ...]:
+        return point_group(asdict(self))
 
     def label(self) -> str:
         extra = f" {self.overrides}" if self.overrides != "{}" else ""
@@ -56,3 +62,11 @@ def canonical_json(value: dict) -> str:
 def point_key(row: dict) -> tuple[str, ...]:
     """A row's identity as strings, so a point read back from CSV compares equal to one about to run."""
     return tuple(str(row.get(column, "")) for column in KEY_COLUMNS)
+
+
+# Points that differ only in size: once one runs out of memory, the larger ones of its group are skipped.
+GROUP_COLUMNS = tuple(c for c in KEY_COLUMNS if c not in ("img_size", "patch_size"))
+
+
+def point_group(row: dict) -> tuple[str, ...]:
+    return tuple(str(row.get(column, "")) for column in GROUP_COLUMNS)

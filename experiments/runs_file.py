@@ -53,10 +53,10 @@ def append_row(path: Path, row: dict[str, object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    if path.exists():
+        _drop_partial_line(path)
     if not path.exists() or path.stat().st_size == 0:
         writer.writeheader()
-    else:
-        _drop_partial_line(path)
     writer.writerow({column: _cell(row.get(column)) for column in COLUMNS})
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

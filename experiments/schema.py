@@ -18,6 +18,7 @@ KEY_COLUMNS: tuple[str, ...] = (
     "dataset",  # "" when no training ran
     "epochs",  # 0: cost only
     "seed",
+    "train",  # JSON of the training recipe fields set by the config ("{}" when epochs is 0 or all defaults)
 )
 
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
@@ -51,6 +52,7 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "train_step_iqr_ms",
     "train_throughput_img_s",
     "train_peak_mem_mb",
+    "train_status",  # ok | oom | skipped (a smaller point's train step ran out of memory) | "" when not measured
     "memory_method",  # how peak memory was read (cuda_allocator | cpu_profiler)
     # accuracy (when epochs > 0)
     "train_samples",

@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ConfigError, SweepConfig, config_from_dict, group_key, load_config, named_configs
+from .config import ConfigError, SweepConfig, config_from_dict, load_config, named_configs
 from .datasets import DatasetError
-from .point import Point
+from .point import Point, point_group
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 from .schema import KEY_COLUMNS
 
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m experiments.sweep",
         description=__doc__.split("\n\n")[0] + " With no arguments it runs the embedded default sweep "
-        "(all built-in mixers, micro preset, CPU, 64 to 4096 tokens, a short pathfinder training run) into "
+        "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, a short pathfinder training run) into "
         "results/default/. Command-line flags override the chosen --config.",
         epilog="Fields not given on the command line come from the config file; see experiments/configs/.",
     )
@@ -96,17 +96,38 @@ def pending_points(points: list[Point], done: dict, retry_failed: bool) -> list[
     return [p for p in points if needs_run(p)]
 
 
-def known_oom(done: dict, retry_failed: bool) -> dict[tuple[str, ...], int]:
-    """Smallest token count that ran out of memory, per group, from rows already written."""
-    if retry_failed:
-        return {}
-    oom: dict[tuple[str, ...], int] = {}
-    for row in done.values():
-        if row["status"] == "oom" and row.get("tokens"):
-            group = tuple(row[c] for c in ("mixer", "preset", "overrides", "batch_size", "device", "dtype",
-                                           "dataset", "epochs", "seed"))
-            oom[group] = min(oom.get(group, 1 << 62), int(row["tokens"]))
-    return oom
+class MemoryWall:
+    """Smallest token count that ran out of memory, per group, for inference and for the training step.
+
+    Points are run in ascending size within a group, so once a point is out of memory the larger ones would be
+    too: they are recorded as skipped (inference) or run without their training step.
+    """
+
+    def __init__(self) -> None:
+        self.inference: dict[tuple[str, ...], int] = {}
+        self.train_step: dict[tuple[str, ...], int] = {}
+
+    def add(self, row: dict) -> None:
+        if not row.get("tokens"):
+            return
+        group, tokens = point_group(row), int(row["tokens"])
+        if row.get("status") == "oom":
+            self.inference[group] = min(self.inference.get(group, tokens), tokens)
+        elif row.get("train_status") == "oom":
+            self.train_step[group] = min(self.train_step.get(group, tokens), tokens)
+
+    def prepare(self, point: Point) -> tuple[Point, dict | None]:
+        limit = self.inference.get(point.group)
+        if limit is not None and point.tokens >= limit:
+            return point, skipped_row(point, limit)
+        limit = self.train_step.get(point.group)
+        if limit is not None and point.tokens >= limit and point.measure_train_step:
+            return dataclasses.replace(point, measure_train_step=False), None
+        return point, None
+
+    def train_step_skipped(self, point: Point) -> int | None:
+        limit = self.train_step.get(point.group)
+        return limit if limit is not None and point.tokens >= limit else None
 
 
 def summary_line(point: Point, row: dict) -> str:
@@ -128,32 +149,36 @@ def run_sweep(config: SweepConfig, *, retry_failed: bool = False, progress: bool
     from mixers import list_mixers
 
     from .launchers import make_launcher
+    from .measure import describe_without_running
 
     points = config.points(list_mixers())
     runs_path = config.out_dir / "runs.csv"
     done = latest_by_key(read_rows(runs_path))
     todo = pending_points(points, done, retry_failed)
-    oom_at = known_oom(done, retry_failed)
+    wall = MemoryWall()
+    if not retry_failed:
+        for row in done.values():
+            wall.add(row)
+    wanted_train_step = {p.key: p.measure_train_step for p in todo}
     launcher = make_launcher(config, slurm_partition)
     bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
     bar.write(f"{config.name}: {len(points)} points, {len(points) - len(todo)} already in {runs_path}, "
               f"{len(todo)} to run")
 
     def record(point: Point, row: dict) -> None:
+        if "macs_analytic" not in row:  # the point never reported: fill in what the configuration tells
+            row = {**describe_without_running(point), **row}
+        if wanted_train_step[point.key] and not point.measure_train_step and row.get("status") == "ok":
+            row["train_status"] = "skipped"
+            row["error"] = f"train step not attempted: out of memory at {wall.train_step_skipped(point)} tokens"
         row = {**row, **key_columns(point)}
         append_row(runs_path, row)
-        if row.get("status") == "oom":
-            group = group_key(point)
-            oom_at[group] = min(oom_at.get(group, 1 << 62), point.tokens)
+        wall.add(row)
         bar.write(summary_line(point, row))
         bar.update(1)
 
-    def should_skip(point: Point) -> int | None:
-        limit = oom_at.get(group_key(point))
-        return limit if limit is not None and point.tokens >= limit else None
-
     try:
-        launcher.run(todo, record, should_skip, skipped_row, bar)
+        launcher.run(todo, record, wall.prepare, bar)
     finally:
         bar.close()
     return runs_path
@@ -169,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         points = config.points(list_mixers())
         check_environment(config)
         read_rows(config.out_dir / "runs.csv")  # refuse a foreign runs.csv before running anything
+        if args.slurm and config.launcher != "submitit":
+            raise ConfigError("--slurm submits through submitit: add --launcher submitit")
     except (ConfigError, RunsFileError, DatasetError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2

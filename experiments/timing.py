@@ -25,6 +25,12 @@ class TimingProtocol:
     min_time_s: float = 1.0
     max_repeats: int = 1000
 
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.min_time_s < 0:
+            raise ValueError(f"timing: warmup and min_time_s must be >= 0, got {self.warmup}, {self.min_time_s}")
+        if not 1 <= self.min_repeats <= self.max_repeats:
+            raise ValueError(f"timing: need 1 <= min_repeats <= max_repeats, got {self.min_repeats}, {self.max_repeats}")
+
 
 @dataclass(frozen=True)
 class Timing:

@@ -1,6 +1,9 @@
 """Non-causal kernelised linear attention (Katharopoulos et al., 2020)."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
+import torch
 import torch.nn.functional as F
 from einops import rearrange
 from timm.layers import trunc_normal_
@@ -64,16 +67,21 @@ class LinearAttention(TokenMixer):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         check_tokens(x, grid)
         qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
-        q, k = self.feature_map(qkv[0].float()), self.feature_map(qkv[1].float())  # (B, heads, N, head_dim)
-        v = qkv[2].float()
-        n = x.shape[1]
-        # Plain matmuls rather than einsum: einsum turns size-1 contractions into element-wise products,
-        # which would make the work the counters see depend on the grid.
-        kv = (k.transpose(-2, -1) @ v) / n  # (B, heads, head_dim, head_dim)
-        k_mean = k.mean(dim=2, keepdim=True)  # (B, heads, 1, head_dim)
-        numerator = q @ kv  # (B, heads, N, head_dim)
-        normaliser = q @ k_mean.transpose(-2, -1)  # (B, heads, N, 1)
-        out = (numerator / (normaliser + self.eps)).to(x.dtype)
+        out_dtype = qkv.dtype
+        # Autocast would cast these matmuls back to bf16/fp16; the state must stay float32.
+        device = x.device.type
+        autocast_on = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        with torch.autocast(x.device.type, enabled=False) if autocast_on else nullcontext():
+            q, k = self.feature_map(qkv[0].float()), self.feature_map(qkv[1].float())  # (B, heads, N, head_dim)
+            v = qkv[2].float()
+            n = x.shape[1]
+            # Plain matmuls rather than einsum: einsum turns size-1 contractions into element-wise products,
+            # which would make the work the counters see depend on the grid.
+            kv = (k.transpose(-2, -1) @ v) / n  # (B, heads, head_dim, head_dim)
+            k_mean = k.mean(dim=2, keepdim=True)  # (B, heads, 1, head_dim)
+            numerator = q @ kv  # (B, heads, N, head_dim)
+            normaliser = q @ k_mean.transpose(-2, -1)  # (B, heads, N, 1)
+            out = (numerator / (normaliser + self.eps)).to(out_dtype)
         return self.proj(rearrange(out, "b h n d -> b n (h d)"))
 
     def macs(self, grid: Grid) -> int:

@@ -446,6 +446,9 @@ def _selective_scan_macs_from_shapes(shapes: list[tuple[int, ...] | None]) -> in
 
 
 CUSTOM_OP_MACS["mixerbench::selective_scan"] = _selective_scan_macs_from_shapes
+# mamba-ssm's kernel is an autograd Function taking the same (u, delta, A, ...) inputs; a jit trace names it
+# prim::PythonOp.SelectiveScanFn, so fvcore counts it by the same formula on CUDA (not checked on a GPU yet).
+CUSTOM_OP_MACS["prim::PythonOp.SelectiveScanFn"] = _selective_scan_macs_from_shapes
 
 
 @functools.cache

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend
 
+from .attention import sdpa_backend_name
 from .base import Grid, TokenMixer, check_tokens
 from .registry import register_mixer
 
@@ -27,26 +27,6 @@ from .registry import register_mixer
 # instead of NaN; large enough that exp() of it is exactly 0 in fp32/bf16/fp16 next to any sane bias. Swin uses
 # -100, which a learned bias of a few tens could in principle approach.
 MASK_VALUE = -1e4
-
-_BACKEND_NAMES = {
-    SDPBackend.MATH: "math",
-    SDPBackend.FLASH_ATTENTION: "flash",
-    SDPBackend.EFFICIENT_ATTENTION: "efficient",
-    SDPBackend.CUDNN_ATTENTION: "cudnn",
-}
-
-
-def _sdpa_impl(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor) -> str:
-    """Names the SDPA backend that PyTorch picks for these inputs (`sdpa_<backend>`), or `sdpa` if it cannot tell.
-
-    `torch._fused_sdp_choice` is private but cheap (about a microsecond) and honours `sdpa_kernel` contexts.
-    """
-    try:
-        backend = SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask))
-    except (AttributeError, RuntimeError, TypeError, ValueError):
-        return "sdpa"
-    return f"sdpa_{_BACKEND_NAMES.get(backend, backend.name.lower())}"
-
 
 def relative_position_index(window_size: int, device: torch.device | None = None) -> Tensor:
     """Index into the `((2 * ws - 1) ** 2, heads)` bias table for every (query, key) pair of one window.
@@ -114,8 +94,10 @@ class SwinAttention(TokenMixer):
     gradient); `impl` records the backend that PyTorch picked.
 
     The `qkv` and `proj` projections act on the real tokens only; padding is applied to their output (q, k, v),
-    where the padded keys are masked anyway. This gives the same result as projecting padded zeros, with no
-    projection work spent on padding.
+    where the padded keys are masked and the padded queries are cropped: real tokens' outputs are what they would
+    be with any padding, and no projection work is spent on it. Attention itself runs on whole padded windows, so
+    a grid much smaller than the window (e.g. 4 x 4 with window 7) pays for the full 7 x 7 window; `macs`
+    counts that work.
     """
 
     def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, window_size: int = 7,
@@ -204,7 +186,7 @@ class SwinAttention(TokenMixer):
             attn_mask = bias.unsqueeze(0) + mask.unsqueeze(1)  # (nW, heads, L, L)
         attn_mask = attn_mask.reshape(n_windows * self.num_heads, ws * ws, ws * ws).to(q.dtype)  # (nW*heads, L, L)
 
-        self.impl = _sdpa_impl(q, k, v, attn_mask)
+        self.impl = sdpa_backend_name(q, k, v, attn_mask)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, nW * heads, L, head_dim)
         out = rearrange(out, "b (nh nw h) (wh ww) d -> b (nh wh) (nw ww) (h d)",
                         nh=Hp // ws, nw=Wp // ws, h=self.num_heads, wh=ws, ww=ws)  # (B, Hp, Wp, C)

@@ -33,3 +33,14 @@ def test_bfloat16_input_is_stable_at_many_tokens() -> None:
     assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
     relative = (low.float() - reference).norm() / reference.norm()
     assert relative < 2e-2
+
+
+def test_state_stays_float32_under_autocast() -> None:
+    mixer = create_mixer("linear", DIM, HEADS)
+    x = torch.randn(1, 64, DIM)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mixer(x, (8, 8))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = quadratic_form(mixer.double(), x.double())
+    assert (out.double() - reference).norm() / reference.norm() < 2e-2

@@ -144,3 +144,38 @@ def test_submitit_local_executor(tmp_path: Path) -> None:
                  "--mixers", "linear"]) == 0
     rows = rows_of(out)
     assert [(r["mixer"], r["status"]) for r in rows] == [("linear", "ok"), ("linear", "ok")]
+
+
+def test_training_step_wall_is_separate_from_inference(tmp_path: Path) -> None:
+    """Under a cap, a 4096-token training step runs out of memory while inference fits: the row stays ok."""
+    text = TINY.replace("measure_train_step = false", "measure_train_step = true").replace("{depth = 1}", "{depth = 2}")
+    config, out = write_config(tmp_path, text), tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--mixers", "attention_naive",
+                 "--img-sizes", "32", "256", "288", "--patch-sizes", "4", "--memory-limit-mb", "700"]) == 0
+    rows = rows_of(out)
+    assert [(r["tokens"], r["status"], r["train_status"]) for r in rows] == [
+        ("64", "ok", "ok"), ("4096", "ok", "oom"), ("5184", "ok", "skipped")]
+    assert rows[1]["latency_ms"] and not rows[1]["train_step_ms"]
+    assert "train step" in rows[1]["error"] and "out of memory at 4096 tokens" in rows[2]["error"]
+
+
+@pytest.mark.parametrize(
+    "top,tables,message",
+    [
+        ("", "[overrides.linear]\ndpeth = 2\n", "overrides for linear (micro): unknown ViT override(s) dpeth"),
+        ("", "[overrides.attention]\nmixer_options = {window_size = 3}\n",
+         "mixer 'attention' has no option(s) window_size"),
+        ('epochs = 1\ndataset = "pathfinder"\n', "[train]\nlr = -1.0\n", "train: TrainRecipe.lr must be > 0"),
+        ("", '[[runs]]\nimg_sizes = "x"\n', "runs[0]: img_sizes must be a list of integers"),
+        ("", "[[runs]]\nbatch_size = 3\n", "runs[0]: unknown field(s) batch_size"),
+    ],
+)
+def test_config_errors_are_caught_before_running(tmp_path: Path, top: str, tables: str, message: str) -> None:
+    """Errors in overrides, mixer options, the recipe or a [[runs]] table stop the sweep before any point runs."""
+    head, timing = TINY.replace('overrides = {"*" = {depth = 1}}\n', "").split("[timing]")
+    config = write_config(tmp_path, head + top + "[timing]" + timing + tables)
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", str(config), "--out",
+                             str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
