@@ -48,16 +48,17 @@ def _custom_op_handle(formula):
 
 def fvcore_macs(model: nn.Module, example: torch.Tensor) -> int:
     """MACs of `model(example)` counted by fvcore's FlopCountAnalysis (a jit trace), with our handles."""
-    from fvcore.nn import FlopCountAnalysis
-
-    analysis = FlopCountAnalysis(model, example).unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-    analysis.set_op_handle("aten::scaled_dot_product_attention", sdpa_macs)
-    for name in _NOT_COUNTED:
-        analysis.set_op_handle(name, lambda inputs, outputs: 0)
-    for name, formula in CUSTOM_OP_MACS.items():
-        analysis.set_op_handle(name, _custom_op_handle(formula))
     with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # jit tracer warnings about Python control flow are expected
+        # fvcore's import and jit tracing warn about torch.jit's deprecation and Python control flow: expected.
+        warnings.simplefilter("ignore")
+        from fvcore.nn import FlopCountAnalysis
+
+        analysis = FlopCountAnalysis(model, example).unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        analysis.set_op_handle("aten::scaled_dot_product_attention", sdpa_macs)
+        for name in _NOT_COUNTED:
+            analysis.set_op_handle(name, lambda inputs, outputs: 0)
+        for name, formula in CUSTOM_OP_MACS.items():
+            analysis.set_op_handle(name, _custom_op_handle(formula))
         return int(analysis.total())
 
 

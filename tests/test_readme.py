@@ -44,3 +44,11 @@ def test_ci_runs_the_readme_test_command() -> None:
     test_command = next(c for c in commands if "pytest" in c)
     install_and_test = test_command.split(". .venv/bin/activate && ", 1)[1]
     assert install_and_test in (REPO / ".ci" / "run").read_text()
+
+
+def test_results_readme_documents_every_column() -> None:
+    from experiments.schema import COLUMNS
+
+    documented = (REPO / "results" / "README.md").read_text()
+    missing = [c for c in COLUMNS if f"`{c}`" not in documented]
+    assert not missing
