@@ -1,8 +1,9 @@
 """Scaling analysis of cost-vs-token-count curves: fitted exponents and crossover token counts.
 
 A *curve* is the cost of one mixer as the token count N grows with everything else held fixed. This module
-decides which key columns separate curves, fits the scaling exponent of each curve, and finds the N where
-one mixer becomes cheaper than a reference. It reads tidy `runs.csv` frames only (no plotting, no torch).
+decides which key columns separate curves (only the keys a cost depends on, `COST_KEYS`: a training row and a
+cost-only row of one configuration are one point), fits the scaling exponent of each curve, and finds the N
+where one mixer becomes cheaper than a reference. It reads tidy `runs.csv` frames only (no plotting, no torch).
 """
 from __future__ import annotations
 
@@ -37,11 +38,23 @@ COST_METRICS: dict[str, str] = {
     "train_peak_mem_mb": "train peak memory",
 }
 
+# The keys a point's cost depends on. The others (data set, epochs, training recipe, seed) change what is learnt,
+# not what a forward pass or a training step costs: cost curves never split on them.
+COST_KEYS: tuple[str, ...] = (
+    "mixer", "preset", "overrides", "img_size", "patch_size", "batch_size", "device", "dtype",
+)
+
+# The keys that say what was learnt: accuracy figures and tables split on them (with the cost keys).
+RECIPE_KEYS: tuple[str, ...] = ("dataset", "epochs", "train")
+
 # Replicates, not settings: a curve takes the median over them instead of splitting on them.
 REPLICATE_KEYS: tuple[str, ...] = ("seed",)
 
 # Columns that place a point along a curve rather than pick the curve.
 AXIS_KEYS: tuple[str, ...] = ("mixer", "img_size", "patch_size")
+
+# Costs measured by the training step, whose outcome is `train_status` rather than `status`.
+TRAIN_STEP_METRICS: tuple[str, ...] = ("train_step_ms", "train_peak_mem_mb")
 
 
 @dataclass(frozen=True)
@@ -133,22 +146,34 @@ def mixer_rank(name: str) -> tuple[int, str]:
     return (BUILTIN_MIXERS.index(name) if name in BUILTIN_MIXERS else len(BUILTIN_MIXERS), name)
 
 
-def varying_keys(runs: pd.DataFrame) -> list[str]:
-    """Key columns that take more than one value in the sweep, in schema order."""
-    return [c for c in KEY_COLUMNS if runs[c].nunique(dropna=False) > 1]
+def varying_keys(runs: pd.DataFrame, keys: tuple[str, ...] = KEY_COLUMNS) -> list[str]:
+    """Columns of `keys` that take more than one value in `runs`, in the order given."""
+    return [c for c in keys if runs[c].nunique(dropna=False) > 1]
 
 
 def facet_keys(runs: pd.DataFrame) -> list[str]:
-    """Varying key columns that are settings: neither a point's place on a curve nor a replicate."""
-    return [c for c in varying_keys(runs) if c not in AXIS_KEYS + REPLICATE_KEYS]
+    """Cost keys that vary and pick a curve: neither a point's place on a curve, nor a recipe, nor a replicate."""
+    return [c for c in varying_keys(runs, COST_KEYS) if c not in AXIS_KEYS]
+
+
+def accuracy_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows that trained for accuracy and have one: ok, with a non-empty `accuracy`."""
+    return runs[(runs["status"] == "ok") & runs["accuracy"].notna()]
+
+
+def accuracy_facet_keys(runs: pd.DataFrame) -> list[str]:
+    """Cost and recipe keys that vary among the accuracy rows and pick a figure (not the mixer or the size)."""
+    rows = accuracy_rows(runs)
+    return [c for c in varying_keys(rows, COST_KEYS + RECIPE_KEYS) if c not in AXIS_KEYS]
 
 
 def curve_keys(runs: pd.DataFrame) -> list[str]:
     """Key columns (besides `mixer`) that separate one cost-vs-tokens curve from another.
 
-    The patch size is held fixed along a curve, so N grows with the image as in a resolution sweep. A sweep
-    over patch sizes at one image size has no such curve with two points; there the curve runs over patch
-    sizes at a fixed image size instead.
+    Only cost keys separate curves (`COST_KEYS`): a training row and a cost-only row of one configuration are one
+    point of one curve. The patch size is held fixed along a curve, so N grows with the image as in a resolution
+    sweep. A sweep over patch sizes at one image size has no such curve with two points; there the curve runs
+    over patch sizes at a fixed image size instead.
     """
     keys = facet_keys(runs)
     if runs["patch_size"].nunique() < 2:
@@ -160,7 +185,10 @@ def curve_keys(runs: pd.DataFrame) -> list[str]:
 
 
 def curve_points(runs: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFrame:
-    """The ok measurements of `metric` per curve and N, median over replicates.
+    """The ok measurements of `metric` per curve and N, the median over every row at that point.
+
+    Rows at one point are replicates (seeds) or the same configuration measured again by a training point: the
+    median keeps one value per point, so a curve has one line whatever else was run at its configurations.
 
     Args:
         runs: the loaded runs.
@@ -173,6 +201,44 @@ def curve_points(runs: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFra
     ok = runs[(runs["status"] == "ok") & runs[metric].notna()]
     points = ok.groupby(keys + ["mixer", "tokens"], as_index=False)[metric].median()
     return points.sort_values(keys + ["mixer", "tokens"], ignore_index=True)
+
+
+def cost_points(runs: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """One row per cost point (`COST_KEYS` and N), whatever else was run there.
+
+    A cost-only row and a training row at one configuration, or several seeds, are one point: each cost is the
+    median over the rows whose measurement of it ran ok. The status is "ok" when any row ran, else the first
+    row's; `train_status` likewise from the training step (`step_status`), "" where none was asked for; `impl`
+    lists the implementations that ran.
+
+    Args:
+        runs: the loaded runs.
+        metrics: the cost columns to keep.
+
+    Returns:
+        Columns `COST_KEYS + ["tokens"] + metrics + ["status", "train_status", "impl"]`, in first-seen order.
+    """
+    keys = list(COST_KEYS) + ["tokens"]
+    frame = runs[keys].copy()
+    for metric in metrics:
+        frame[metric] = runs[metric].where(step_status(runs, metric) == "ok")
+    frame["status"] = runs["status"]
+    frame["train_status"] = step_status(runs, "train_step_ms")
+    frame["impl"] = runs["impl"].fillna("").astype(str)
+    grouped = frame.groupby(keys, sort=False, dropna=False)
+    points = grouped[metrics].median() if metrics else grouped.size().to_frame().iloc[:, :0]
+    points["status"] = grouped["status"].agg(_combined_status)
+    points["train_status"] = grouped["train_status"].agg(_combined_status)
+    points["impl"] = grouped["impl"].agg(lambda s: ", ".join(sorted(set(s) - {""})))
+    return points.reset_index()
+
+
+def _combined_status(statuses: pd.Series) -> str:
+    """"ok" when any of the rows ran ok, else the first failure, else "" (nothing measured)."""
+    values = [str(s) for s in statuses]
+    if "ok" in values:
+        return "ok"
+    return next((s for s in values if s), "")
 
 
 def iter_groups(frame: pd.DataFrame, keys: list[str]) -> Iterator[tuple[dict, pd.DataFrame]]:
@@ -239,20 +305,40 @@ def crossover_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def first_failures(runs: pd.DataFrame) -> pd.DataFrame:
-    """The smallest N at which each mixer stopped running, per curve: where a curve ends early.
+def step_status(runs: pd.DataFrame, metric: str) -> pd.Series:
+    """The outcome of the measurement behind `metric`, per row: "ok", a failure status, or "" if not measured.
+
+    Inference costs follow `status`. A training-step cost follows `train_status` when the inference ran (a row may
+    be ok for inference and oom or skipped for its training step), and is "" where no training step was asked for
+    (a training row without one, or an old runs.csv without `train_status` and without a value).
+    """
+    status = runs["status"].astype(str)
+    if metric not in TRAIN_STEP_METRICS:
+        return status
+    train = runs["train_status"].fillna("").astype(str).str.strip().str.lower()
+    train = train.where(train != "", np.where(runs[metric].notna(), "ok", ""))
+    return status.where(status != "ok", train)
+
+
+def first_failures(runs: pd.DataFrame, metric: str = "latency_ms") -> pd.DataFrame:
+    """The smallest N at which each mixer stopped running, per curve: where a curve of `metric` ends early.
+
+    Args:
+        runs: the loaded runs.
+        metric: the cost drawn; a training-step metric ends where the training step failed (`step_status`).
 
     Returns:
-        Curve keys, `mixer`, `tokens`, `status` for the first non-ok point beyond the largest ok point.
+        Curve keys, `mixer`, `tokens`, `status` for the first failed point beyond the largest ok point.
     """
     keys = curve_keys(runs)
+    runs = runs.assign(_status=step_status(runs, metric))
     rows = []
     for key_values, curve in iter_groups(runs, keys + ["mixer"]):
-        ok_tokens = curve.loc[curve["status"] == "ok", "tokens"]
+        ok_tokens = curve.loc[curve["_status"] == "ok", "tokens"]
         last_ok = ok_tokens.max() if len(ok_tokens) else -math.inf
-        failed = curve[(curve["status"] != "ok") & (curve["tokens"] > last_ok)].sort_values("tokens")
+        failed = curve[~curve["_status"].isin(["ok", ""]) & (curve["tokens"] > last_ok)].sort_values("tokens")
         if len(failed):
-            rows.append({**key_values, "tokens": failed["tokens"].iloc[0], "status": failed["status"].iloc[0]})
+            rows.append({**key_values, "tokens": failed["tokens"].iloc[0], "status": failed["_status"].iloc[0]})
     return pd.DataFrame(rows, columns=keys + ["mixer", "tokens", "status"])
 
 

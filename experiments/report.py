@@ -7,9 +7,14 @@ writes into the sweep folder:
     tables/costs.{csv,md,tex}        one row per point: params, GMACs, latency, memory, train step, accuracy, status
     tables/exponents.{csv,md,tex}    fitted scaling exponent k of cost ~ N^k per mixer and metric
     tables/crossovers.{csv,md,tex}   token count where each mixer becomes cheaper than attention(_naive)
+    tables/accuracy.{csv,md,tex}     accuracy of each trained point with its cost, when a point trained
     figures/wall*.{png,pdf}          latency, memory and GMACs against tokens (training step in wall_train*)
     figures/patch_resolution*        the same N reached by different (image, patch) pairs, with >1 patch size
     figures/accuracy_cost*           accuracy against GMACs and latency with the Pareto front, with accuracy
+
+A point's cost depends on the cost keys only (`crossover.COST_KEYS`): the cost tables and figures take the median
+over every row of one configuration (seeds, and the training rows that also measured it). Accuracy tables and
+figures use the rows with an accuracy, split by data set, epochs and training recipe.
 
 The report reads files, never models: it imports pandas, seaborn and matplotlib, not torch or the project's
 model code, so it runs anywhere the CSV can be copied.
@@ -24,17 +29,23 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import report_plots, report_tables
-from experiments.crossover import FIT_POINTS, crossover_table, curve_keys, exponent_table, mixer_rank
+from experiments.crossover import (
+    FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
+)
 from experiments.schema import COLUMNS, KEY_COLUMNS, STATUSES
 
-# Without these a point cannot be placed or its costs read: the rest of the schema is optional.
-REQUIRED_COLUMNS: tuple[str, ...] = KEY_COLUMNS + ("tokens", "status", "params", "gmacs", "latency_ms",
-                                                   "peak_mem_mb")
+# Key columns added after the first sweeps were recorded, with the value an older runs.csv implies.
+OPTIONAL_KEYS: dict[str, str] = {"train": "{}"}
 
-# Schema columns that hold text; every other schema column is numeric.
+# Without these a point cannot be placed or its costs read: the rest of the schema is optional.
+REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPTIONAL_KEYS) + (
+    "tokens", "status", "params", "gmacs", "latency_ms", "peak_mem_mb")
+
+# Schema columns that hold text (JSON included); every other schema column is numeric.
 TEXT_COLUMNS: frozenset[str] = frozenset({
-    "mixer", "preset", "overrides", "device", "dtype", "dataset", "impl", "status", "error", "memory_method",
-    "commit", "dirty", "torch_version", "cuda_version", "device_name", "python_version", "timestamp",
+    "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "impl", "status", "error",
+    "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
+    "python_version", "timestamp",
 })
 
 # Numeric columns that place a point: a row without them is unusable.
@@ -49,6 +60,7 @@ TABLE_CAPTIONS: dict[str, str] = {
     "costs": r"Cost of each mixer per token count $N$; latency is the median $\pm$ IQR of one batch.",
     "exponents": rf"Fitted exponent $k$ of cost $\propto N^k$ over the {FIT_POINTS} largest token counts that ran.",
     "crossovers": r"Token count $N$ (and image size) from which each mixer is cheaper than the reference.",
+    "accuracy": r"Top-1 accuracy of each trained point (mean over seeds) with its cost.",
 }
 
 
@@ -102,10 +114,13 @@ def _convert_numeric(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
             raise ReportError(f"{path}: column {column!r} is empty or not a number on line(s) {lines}")
         runs[column] = runs[column].astype("int64")
     for column in TEXT_COLUMNS - set(runs.columns):
-        runs[column] = ""  # optional text columns read as empty, so grouping and formatting need no checks
+        runs[column] = OPTIONAL_KEYS.get(column, "")  # read as empty, so grouping and formatting need no checks
     for column in set(COLUMNS) - TEXT_COLUMNS - set(runs.columns):
         runs[column] = float("nan")
-    runs["status"] = runs["status"].str.strip().str.lower()
+    for column, default in OPTIONAL_KEYS.items():
+        runs[column] = runs[column].str.strip().replace("", default)
+    for column in ("status", "train_status"):
+        runs[column] = runs[column].str.strip().str.lower()
     return runs
 
 
@@ -143,6 +158,9 @@ def build_report(sweep_dir: Path) -> list[Path]:
     tables = report_tables.write_table(*costs, tables_dir / "costs", TABLE_CAPTIONS["costs"])
     tables += report_tables.write_table(*exponent_frames, tables_dir / "exponents", TABLE_CAPTIONS["exponents"])
     tables += report_tables.write_table(*crossover_frames, tables_dir / "crossovers", TABLE_CAPTIONS["crossovers"])
+    if not accuracy_rows(runs).empty:
+        tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",
+                                            TABLE_CAPTIONS["accuracy"])
     figures = report_plots.write_figures(runs, exponents, crossovers, figures_dir)
     summary = sweep_dir / "summary.md"
     summary.write_text(render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1]),
@@ -171,7 +189,7 @@ def render_summary(sweep_dir: Path, runs: pd.DataFrame, tables: list[Path], figu
     lines = [
         f"# Sweep report: {sweep_dir.resolve().name}",
         "",
-        f"Rebuilt from `runs.csv` ({len(runs)} points: {status_text}) by `python -m experiments.report`. "
+        f"Rebuilt from `runs.csv` ({len(runs)} rows: {status_text}) by `python -m experiments.report`. "
         "Do not edit: rerun the command instead.",
         "",
         "## Setup",
@@ -216,14 +234,51 @@ def render_summary(sweep_dir: Path, runs: pd.DataFrame, tables: list[Path], figu
 
 
 def _setup_lines(runs: pd.DataFrame) -> list[str]:
-    """What varied and what was held fixed, from the key columns."""
+    """What was measured, in a few bullets: the values that vary, and the fixed ones a reader needs."""
+    mixers = sorted(runs["mixer"].unique(), key=mixer_rank)
+    lines = [f"- Mixers ({len(mixers)}): {', '.join(mixers)}"]
+    model = f"preset {_values(runs['preset'])}"
+    overrides = sorted(set(runs["overrides"]) - {"", "{}"})
+    lines.append(f"- Model: {model}, " + (f"overrides {'; '.join(overrides)}" if overrides else "no overrides"))
+    points = cost_points(runs, [])
+    ok = int((points["status"] == "ok").sum())
+    tokens = sorted(points["tokens"].unique())
+    ran = "all ran" if ok == len(points) else f"{ok} ran"
+    lines.append(
+        f"- Cost: {len(points)} points ({ran}), images {_values(points['img_size'])} px, patches "
+        f"{_values(points['patch_size'])} px, so N = {tokens[0]:,} to {tokens[-1]:,} tokens; batch "
+        f"{_values(points['batch_size'])}, {_values(points['device'])}, {_values(points['dtype'])}")
+    lines += _train_step_lines(points)
+    lines += _training_lines(runs)
+    return lines
+
+
+def _values(column: pd.Series) -> str:
+    """The distinct values of a column, sorted, comma-separated."""
+    return ", ".join(_plain(v) for v in sorted(column.unique()))
+
+
+def _train_step_lines(points: pd.DataFrame) -> list[str]:
+    """One bullet when the training step did not run everywhere: how many points, and why."""
+    failed = points.loc[~points["train_status"].isin(["ok", ""]) & (points["status"] == "ok"), "train_status"]
+    if failed.empty:
+        return []
+    counts = ", ".join(f"{n} {status}" for status, n in failed.value_counts().sort_index().items())
+    return [f"- Training step: not measured at {len(failed)} points whose inference ran ({counts})"]
+
+
+def _training_lines(runs: pd.DataFrame) -> list[str]:
+    """One bullet per training setting (data set, epochs, recipe): where it trained and how it ended."""
+    trained = runs[runs["epochs"] > 0]
     lines = []
-    for key in KEY_COLUMNS:
-        values = runs[key].unique()
-        ordered = sorted(values, key=mixer_rank) if key == "mixer" else sorted(values)
-        text = ", ".join(str(v) if str(v) != "" else "(none)" for v in ordered)
-        lines.append(f"- {key}: {text}")
-    lines.append(f"- tokens N: {', '.join(str(n) for n in sorted(runs['tokens'].unique()))}")
+    for (dataset, epochs, recipe), rows in trained.groupby(["dataset", "epochs", "train"], sort=True):
+        sizes = sorted({(int(i), int(p)) for i, p in zip(rows["img_size"], rows["patch_size"])})
+        statuses = ", ".join(f"{n} {s}" for s, n in rows["status"].value_counts().sort_index().items())
+        lines.append(
+            f"- Training: {dataset or '(no data set)'}, {epochs} epoch{'s' * (epochs != 1)}, recipe "
+            f"{'defaults' if recipe in ('', '{}') else f'`{recipe}`'}, seed{'s' * (rows['seed'].nunique() > 1)} "
+            f"{_values(rows['seed'])}; "
+            f"image/patch {', '.join(f'{i}/{p}' for i, p in sizes)} px ({len(rows)} points: {statuses})")
     return lines
 
 
@@ -231,7 +286,7 @@ def _provenance_lines(runs: pd.DataFrame) -> list[str]:
     """Where and with what the points ran, every distinct value of each provenance column."""
     fields = {
         "commit": "commit(s)", "dirty": "dirty working tree", "torch_version": "torch",
-        "cuda_version": "CUDA", "device_name": "device", "dtype": "dtype", "cpu_threads": "cpu_threads",
+        "cuda_version": "CUDA", "device_name": "device", "cpu_threads": "cpu_threads",
         "python_version": "python", "memory_method": "memory read by",
     }
     lines = []
@@ -256,7 +311,8 @@ def _plain(value: object) -> str:
 
 def _table_links(tables: list[Path], link: Callable[[Path], str]) -> list[str]:
     """One bullet per table, its Markdown first."""
-    titles = {"costs": "Costs per point", "exponents": "Scaling exponents", "crossovers": "Crossovers"}
+    titles = {"costs": "Costs per point", "exponents": "Scaling exponents", "crossovers": "Crossovers",
+              "accuracy": "Accuracy per trained point"}
     lines = []
     for stem in dict.fromkeys(p.stem for p in tables):
         files = {p.suffix: p for p in tables if p.stem == stem}
@@ -302,7 +358,7 @@ def write_headline(readme: Path, sweep_dir: Path) -> None:
     exponents = report_tables.exponent_tables(exponent_table(runs), keys)[1]
     crossovers = report_tables.crossover_tables(crossover_table(runs), keys)[1]
     base = readme.parent.resolve()
-    walls = sorted((sweep_dir / FIGURES_DIR).glob("wall_*.png")) or sorted((sweep_dir / FIGURES_DIR).glob("wall*.png"))
+    walls = [w for w in sorted((sweep_dir / FIGURES_DIR).glob("wall*.png")) if not w.stem.startswith("wall_train")]
     ok = runs[runs["status"] == "ok"]
     where = ", ".join(sorted({f"{d} ({t} threads)" for d, t in zip(ok["device_name"], ok["cpu_threads"].map(_plain))}))
     commits = ", ".join(sorted({c[:10] for c in ok["commit"] if c}))

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.crossover import COST_METRICS, mixer_rank, varying_keys
+from experiments.crossover import (
+    COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank,
+    varying_keys,
+)
 
 # Readable headers, with units, for every column a table can show.
 HEADERS: dict[str, str] = {
@@ -24,6 +27,8 @@ HEADERS: dict[str, str] = {
     "dataset": "Dataset",
     "epochs": "Epochs",
     "seed": "Seed",
+    "train": "Recipe",
+    "seeds": "Seeds",
     "img_size": "Image (px)",
     "patch_size": "Patch (px)",
     "tokens": "Tokens N",
@@ -37,7 +42,10 @@ HEADERS: dict[str, str] = {
     "train_step_iqr_ms": "Train step IQR (ms)",
     "train_peak_mem_mb": "Peak mem. train (MiB)",
     "accuracy": "Top-1 acc. (%)",
+    "best_accuracy": "Best acc. (%)",
+    "train_time_s": "Train time (s)",
     "status": "Status",
+    "train_status": "Train step status",
     "impl": "Impl.",
     "reference": "Reference",
 }
@@ -45,7 +53,12 @@ HEADERS: dict[str, str] = {
 # Cost columns of the main table, in order; each is shown only when the sweep has a value for it.
 COST_TABLE_METRICS: tuple[str, ...] = (
     "params", "gmacs", "latency_ms", "latency_iqr_ms", "throughput_img_s", "peak_mem_mb",
-    "train_step_ms", "train_step_iqr_ms", "train_peak_mem_mb", "accuracy",
+    "train_step_ms", "train_step_iqr_ms", "train_peak_mem_mb",
+)
+
+# Columns of the accuracy table besides its keys: (column, how seeds combine), in order.
+ACCURACY_TABLE_METRICS: tuple[tuple[str, str], ...] = (
+    ("accuracy", "mean"), ("best_accuracy", "mean"), ("train_time_s", "median"),
 )
 
 # Timings shown as one "median ± IQR" cell: the median column, its spread column and the cell's header.
@@ -88,9 +101,9 @@ def fmt_spread(median: float, iqr: float, digits: int = 3) -> str:
     return f"{text} ± {iqr:,.{decimals}f}"
 
 
-def display_keys(runs: pd.DataFrame) -> list[str]:
-    """Key columns a table shows: the mixer, the other keys that vary, and the point's place on its curve."""
-    varying = [k for k in varying_keys(runs) if k not in ("mixer",) + POINT_KEYS]
+def display_keys(points: pd.DataFrame, keys: tuple[str, ...] = COST_KEYS) -> list[str]:
+    """Key columns a table shows: the mixer, the other `keys` that vary, and the point's place on its curve."""
+    varying = [k for k in varying_keys(points, keys) if k not in ("mixer",) + POINT_KEYS]
     return ["mixer"] + varying + list(POINT_KEYS)
 
 
@@ -103,22 +116,33 @@ def sort_rows(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def cost_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The main table: one row per measured point, every status kept.
+    """The main table: one row per cost point (`crossover.cost_points`), every status kept.
+
+    Rows of one configuration (a cost-only row and a training row, or several seeds) are one point: each cost is
+    their median. The status reads "ok (train step oom)" where the inference ran but the training step did not.
 
     Returns:
-        The numeric frame (parameters in millions, accuracy in percent) and its display frame, where latency and
-        train step read "median ± IQR".
+        The numeric frame (parameters in millions) and its display frame, where latency and train step read
+        "median ± IQR".
     """
-    keys = display_keys(runs)
     metrics = [c for c in COST_TABLE_METRICS if c in runs and runs[c].notna().any()]
+    points = cost_points(runs, metrics)
+    keys = display_keys(points)
     # Rows run along each curve: by patch size, then token count.
     order = [k for k in keys if k not in POINT_KEYS] + ["patch_size", "tokens", "img_size"]
-    numeric = sort_rows(runs[keys + metrics + ["status", "impl"]].copy(), order)
+    extra = ["status"] + (["train_status"] if points["train_status"].ne("").any() else []) + ["impl"]
+    numeric = sort_rows(points[keys + metrics + extra], order)
     if "params" in numeric:
         numeric["params"] = numeric["params"] / 1e6
-    if "accuracy" in numeric:
-        numeric["accuracy"] = numeric["accuracy"] * 100
 
+    display = _metric_cells(numeric, keys, metrics)
+    display[HEADERS["status"]] = [_status_cell(row) for _, row in numeric.iterrows()]
+    display[HEADERS["impl"]] = numeric["impl"].replace("", MISSING)
+    return numeric.rename(columns=HEADERS), display.rename(columns=HEADERS)
+
+
+def _metric_cells(numeric: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    """The display frame of `keys` (as text) and `metrics` (formatted, timings as "median ± IQR")."""
     display = numeric[keys].astype(str)
     for column in metrics:
         if any(column == iqr for iqr, _ in SPREAD_COLUMNS.values()):
@@ -129,14 +153,60 @@ def cost_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         else:
             digits = 4 if column == "throughput_img_s" else 3
             display[HEADERS[column]] = numeric[column].map(lambda v: fmt_number(v, digits))
-    display[HEADERS["status"]] = numeric["status"]
-    display[HEADERS["impl"]] = numeric["impl"].replace("", MISSING)
-    display = display.rename(columns=HEADERS)
-    return numeric.rename(columns=HEADERS), display
+    return display
+
+
+def _status_cell(row: pd.Series) -> str:
+    """The point's status, with the training step's when that alone failed."""
+    train = row.get("train_status", "")
+    if row["status"] == "ok" and train not in ("ok", "", None) and isinstance(train, str):
+        return f"ok (train step {train})"
+    return str(row["status"])
+
+
+def accuracy_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per trained point: accuracy (mean over seeds) with the point's cost.
+
+    The accuracy comes from the rows with one (`crossover.accuracy_rows`); the cost columns are the cost point's
+    (`crossover.cost_points`), so they read the same as in the costs table. Data set and epochs are always shown,
+    the other recipe and cost keys when they vary.
+
+    Returns:
+        The numeric frame (accuracy in percent) and its display frame.
+    """
+    rows = accuracy_rows(runs)
+    if rows.empty:
+        return pd.DataFrame(), pd.DataFrame()
+    group = list(COST_KEYS) + list(RECIPE_KEYS) + ["tokens"]
+    metrics = [(c, how) for c, how in ACCURACY_TABLE_METRICS if rows[c].notna().any()]
+    grouped = rows.groupby(group, sort=False)
+    table = grouped.agg(**{c: (c, how) for c, how in metrics}, seeds=("seed", "nunique"),
+                        accuracy_sd=("accuracy", "std")).reset_index()
+    costs = [c for c in ("gmacs", "latency_ms") if runs[c].notna().any()]
+    table = table.merge(cost_points(runs, costs), on=list(COST_KEYS) + ["tokens"], how="left")
+    for column in ("accuracy", "best_accuracy", "accuracy_sd"):
+        if column in table:
+            table[column] = table[column] * 100
+    shown = ["mixer"] + [k for k in ("dataset", "epochs") if k not in accuracy_facet_keys(runs)]
+    shown += [k for k in accuracy_facet_keys(runs)] + list(POINT_KEYS)
+    shown = list(dict.fromkeys(shown))
+    several_seeds = bool((table["seeds"] > 1).any())
+    values = [c for c, _ in metrics] + costs
+    numeric = sort_rows(table[shown + (["seeds", "accuracy_sd"] if several_seeds else []) + values],
+                        [k for k in shown if k not in POINT_KEYS] + ["patch_size", "tokens"])
+    display = _metric_cells(numeric, shown, values)
+    if several_seeds:
+        display[HEADERS["seeds"]] = numeric["seeds"].astype(str)
+        display[HEADERS["accuracy"]] = [fmt_spread(m, s) for m, s in zip(numeric["accuracy"], numeric["accuracy_sd"])]
+        display = display.rename(columns={HEADERS["accuracy"]: "Top-1 acc. (%, mean ± s.d.)"})
+    return numeric.rename(columns=HEADERS), display.rename(columns=HEADERS)
 
 
 def exponent_tables(exponents: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per curve and mixer, one column per cost metric: the fitted exponent k of cost ~ N^k.
+
+    Only curves that exist get a row (no product of key values), and a curve with no fitted exponent (fewer
+    than two ok points for every metric) gets none.
 
     Args:
         exponents: from `crossover.exponent_table`.
@@ -148,17 +218,18 @@ def exponent_tables(exponents: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFr
     numeric = sort_rows(exponents, keys + ["mixer", "metric"])
     if numeric.empty:
         return numeric, pd.DataFrame()
-    wide = numeric.pivot_table(index=keys + ["mixer"], columns="metric", values="exponent", aggfunc="first",
-                               dropna=False)
+    wide = numeric.set_index(keys + ["mixer", "metric"])["exponent"].unstack("metric").dropna(how="all")
+    if wide.empty:
+        return numeric, pd.DataFrame()
     wide = wide[[m for m in COST_METRICS if m in wide.columns]]
     display = wide.apply(lambda column: column.map(
         lambda v: f"{v:.2f}".replace("-0.00", "0.00") if math.isfinite(v) else MISSING))
     display.columns = [f"{METRIC_LABELS[m]} exp." for m in display.columns]
-    # The token range of the first metric stands for all: every metric is read at the same ok points.
-    first = numeric[numeric["metric"] == numeric["metric"].iloc[0]].set_index(keys + ["mixer"])
+    # The fit range of the first metric fitted on a curve stands for all: every metric is read at its ok points.
+    fitted = numeric[numeric["points"] >= 2].drop_duplicates(keys + ["mixer"]).set_index(keys + ["mixer"])
     display["Fit range (N)"] = [
-        f"{first.at[i, 'tokens_min']:,.0f}–{first.at[i, 'tokens_max']:,.0f}" if i in first.index
-        and first.at[i, "points"] >= 2 else MISSING for i in display.index]
+        f"{fitted.at[i, 'tokens_min']:,.0f}–{fitted.at[i, 'tokens_max']:,.0f}" if i in fitted.index else MISSING
+        for i in display.index]
     display = sort_rows(display.reset_index(), keys + ["mixer"]).astype(str)
     return numeric, display.rename(columns=HEADERS)
 

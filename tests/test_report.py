@@ -5,6 +5,7 @@ The fixture's costs come from power laws, so the right exponents and crossovers 
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.crossover import crossover_table, exponent_table, find_crossover, fit_exponent
+from experiments import report_plots
+from experiments.crossover import (
+    COST_KEYS, RECIPE_KEYS, REPLICATE_KEYS, cost_points, crossover_table, curve_keys, curve_points, exponent_table,
+    find_crossover, first_failures, fit_exponent,
+)
 from experiments.report import ReportError, build_report, load_runs
-from experiments.report_plots import mixer_style, pareto_front
-from experiments.report_tables import fmt_spread, to_latex
-from experiments.schema import COLUMNS
+from experiments.report_plots import json_differences, mixer_style, pareto_front
+from experiments.report_tables import cost_tables, exponent_tables, fmt_spread, to_latex
+from experiments.schema import COLUMNS, KEY_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,6 +55,7 @@ def synthetic_runs() -> pd.DataFrame:
                 row = {c: "" for c in COLUMNS}
                 row.update(mixer=mixer, preset="micro", overrides="{}", img_size=img, patch_size=patch,
                            batch_size=8, device="cpu", dtype="float32", dataset="synthetic", epochs=1, seed=0,
+                           train='{"lr":0.001}', train_status="ok",
                            tokens=tokens, grid_h=img // patch, grid_w=img // patch, dim=64, depth=2,
                            num_heads=2, mlp_ratio=4, impl="sdpa-math" if mixer == "attention" else "reference",
                            commit="abc1234", dirty=False, torch_version="2.5.0", device_name="Synthetic CPU",
@@ -59,6 +65,7 @@ def synthetic_runs() -> pd.DataFrame:
                 row["status"] = status
                 if status != "ok":
                     row["error"] = f"synthetic {status}"
+                    row["train_status"] = ""
                     rows.append(row)
                     continue
                 latency = lat_a * tokens**lat_e
@@ -114,8 +121,10 @@ def test_every_table_and_figure_is_written(report: tuple[Path, list[Path]]) -> N
     names = {p.relative_to(folder).as_posix() for p in written}
     for table in ("costs", "exponents", "crossovers"):
         assert {f"tables/{table}.{ext}" for ext in ("csv", "md", "tex")} <= names
-    for figure in ("wall_patch-8", "wall_patch-16", "wall_train_patch-8", "patch_resolution", "accuracy_cost"):
-        assert {f"figures/{figure}.png", f"figures/{figure}.pdf"} <= names
+    figures = {"wall_patch-8", "wall_patch-16", "wall_train_patch-8", "wall_train_patch-16", "patch_resolution",
+               "accuracy_cost_synthetic"}
+    # Named by what differs between figures only: nothing says "dataset", "epochs" or "none".
+    assert {n.removeprefix("figures/").rsplit(".", 1)[0] for n in names if n.startswith("figures/")} == figures
     assert "summary.md" in names
     for path in written:
         assert path.is_file() and path.stat().st_size > 0, path
@@ -126,7 +135,10 @@ def test_cost_table_keeps_every_status_and_reads_well(report: tuple[Path, list[P
     costs = pd.read_csv(folder / "tables" / "costs.csv")
     assert len(costs) == len(synthetic_runs())
     assert set(costs["Status"]) == {"ok", "oom", "timeout", "skipped"}
-    assert {"Latency (ms)", "Peak mem. inference (MiB)", "GMACs / img", "Top-1 acc. (%)"} <= set(costs.columns)
+    assert {"Latency (ms)", "Peak mem. inference (MiB)", "GMACs / img"} <= set(costs.columns)
+    accuracy = pd.read_csv(folder / "tables" / "accuracy.csv")
+    assert {"Dataset", "Epochs", "Top-1 acc. (%)", "GMACs / img"} <= set(accuracy.columns)
+    assert len(accuracy) == synthetic_runs()["accuracy"].ne("").sum()
     markdown = (folder / "tables" / "costs.md").read_text()
     assert "Latency (ms, median ± IQR)" in markdown
     latex = (folder / "tables" / "costs.tex").read_text()
@@ -206,6 +218,139 @@ def test_crossover_table_finds_the_known_answer(loaded: pd.DataFrame) -> None:
     # Comparisons with attention_naive stop where it ran out of memory, and the note says so.
     naive = crossovers[(crossovers["reference"] == "attention_naive") & (crossovers["patch_size"] == 8)]
     assert naive["note"].str.contains("attention_naive oom from N = 1,024").all()
+
+
+# --- cost points, facets and training-step failures ----------------------------------------------------------
+
+def cost_only_and_training_rows() -> pd.DataFrame:
+    """The synthetic sweep as cost-only rows (epochs 0, no data set), plus two training rows (two seeds) at one
+    point (linear, 64 px, patch 8) whose latencies differ: 3 latencies at that point in all."""
+    runs = synthetic_runs().assign(dataset="", epochs=0, train="{}", accuracy="")
+    point = runs[(runs["mixer"] == "linear") & (runs["img_size"] == 64) & (runs["patch_size"] == 8)]
+    trained = pd.concat([point, point]).assign(dataset="pathfinder", epochs=4, train='{"batch_size":64}',
+                                               seed=[0, 1], accuracy=[0.6, 0.7], train_status="",
+                                               train_step_ms="")
+    trained["latency_ms"] = point["latency_ms"].iloc[0] * np.array([2.0, 4.0])
+    return pd.concat([runs, trained], ignore_index=True)
+
+
+@pytest.fixture()
+def mixed(tmp_path: Path) -> Path:
+    """A sweep folder whose runs.csv mixes cost-only and training rows (`cost_only_and_training_rows`)."""
+    cost_only_and_training_rows().to_csv(tmp_path / "runs.csv", index=False)
+    return tmp_path
+
+
+def test_every_key_column_is_a_cost_recipe_or_replicate_key() -> None:
+    assert sorted(COST_KEYS + RECIPE_KEYS + REPLICATE_KEYS) == sorted(KEY_COLUMNS)
+
+
+def test_text_columns_stay_text(mixed: Path) -> None:
+    runs = load_runs(mixed / "runs.csv")
+    assert set(runs["train"]) == {"{}", '{"batch_size":64}'}
+    assert set(runs["train_status"]) == {"ok", ""}
+    summary_free = synthetic_runs().drop(columns=["train"])  # an older runs.csv, before the train column
+    summary_free.to_csv(mixed / "runs.csv", index=False)
+    assert set(load_runs(mixed / "runs.csv")["train"]) == {"{}"}
+
+
+def test_duplicate_cost_rows_are_one_point_at_their_median(mixed: Path) -> None:
+    runs = load_runs(mixed / "runs.csv")
+    base = POWER_LAWS["linear"][0][0] * 64  # linear at 64 px, patch 8: N = 64
+    points = cost_points(runs, ["latency_ms"])
+    assert len(points) == len(synthetic_runs())
+    at = points[(points["mixer"] == "linear") & (points["img_size"] == 64) & (points["patch_size"] == 8)]
+    assert at["latency_ms"].item() == pytest.approx(2 * base)  # median of base, 2 base and 4 base
+    curve = curve_points(runs, "latency_ms", curve_keys(runs))
+    at = curve[(curve["mixer"] == "linear") & (curve["patch_size"] == 8) & (curve["tokens"] == 64)]
+    assert at["latency_ms"].item() == pytest.approx(2 * base)
+    costs = cost_tables(runs)[0]
+    assert len(costs) == len(synthetic_runs()) and "Dataset" not in costs and "Epochs" not in costs
+
+
+def test_training_rows_do_not_split_cost_curves(mixed: Path) -> None:
+    runs = load_runs(mixed / "runs.csv")
+    assert curve_keys(runs) == ["patch_size"]
+    for table in (exponent_table(runs), crossover_table(runs)):
+        assert not {"dataset", "epochs", "train", "seed"} & set(table.columns)
+    written = build_report(mixed)
+    figures = {p.stem for p in written if p.suffix == ".png"}
+    assert figures == {"wall_patch-8", "wall_patch-16", "wall_train_patch-8", "wall_train_patch-16",
+                       "patch_resolution", "accuracy_cost_pathfinder"}
+    summary = (mixed / "summary.md").read_text()
+    assert not re.search(r"\bnan\b", summary) and "Training: pathfinder, 4 epochs" in summary
+
+
+def test_tables_have_no_empty_facet_rows(mixed: Path) -> None:
+    runs = load_runs(mixed / "runs.csv")
+    runs = runs[~((runs["mixer"] == "mamba") & (runs["patch_size"] == 16))]  # a curve that does not exist
+    keys = curve_keys(runs)
+    display = exponent_tables(exponent_table(runs), keys)[1]
+    assert len(display) == 9  # 5 mixers at patch 8, 4 at patch 16: no product of the key values
+    exponent_columns = [c for c in display.columns if c.endswith("exp.")]
+    assert not (display[exponent_columns] == "–").all(axis=1).any()
+
+
+def test_exponent_rows_without_any_fit_are_dropped() -> None:
+    exponents = pd.DataFrame({"patch_size": [8, 8, 16], "mixer": ["linear", "swin", "linear"],
+                              "metric": ["latency_ms"] * 3, "exponent": [1.0, 1.1, math.nan],
+                              "points": [3, 3, 1], "tokens_min": [16, 16, 64], "tokens_max": [64, 64, 64]})
+    display = exponent_tables(exponents, ["patch_size"])[1]
+    assert list(display["Mixer"]) == ["swin", "linear"] and set(display["Patch (px)"]) == {"8"}
+
+
+def with_train_step_failures() -> pd.DataFrame:
+    """The synthetic sweep where linear's training step ran out of memory at 256 px and was skipped at 512 px
+    (patch 8), while its inference ran."""
+    runs = synthetic_runs()
+    linear8 = (runs["mixer"] == "linear") & (runs["patch_size"] == 8)
+    for img, status in ((256, "oom"), (512, "skipped")):
+        row = linear8 & (runs["img_size"] == img)
+        train_costs = ["train_step_ms", "train_step_iqr_ms", "train_peak_mem_mb"]
+        runs.loc[row, ["train_status", *train_costs]] = [status, "", "", ""]
+    return runs
+
+
+def test_train_step_failure_ends_the_training_curve_only(tmp_path: Path) -> None:
+    with_train_step_failures().to_csv(tmp_path / "runs.csv", index=False)
+    runs = load_runs(tmp_path / "runs.csv")
+    train = first_failures(runs, "train_step_ms")
+    linear = train[(train["mixer"] == "linear") & (train["patch_size"] == 8)]
+    assert linear[["tokens", "status"]].values.tolist() == [[1024, "oom"]]
+    inference = first_failures(runs, "latency_ms")
+    assert inference[inference["mixer"] == "linear"].empty
+
+
+def test_train_step_failure_is_marked_in_the_training_panels(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    with_train_step_failures().to_csv(tmp_path / "runs.csv", index=False)
+    drawn = {}
+    monkeypatch.setattr(report_plots, "_save", lambda fig, stem: drawn.setdefault(stem.name, fig) and [])
+    build_report(tmp_path)
+
+    def x_markers(name: str) -> list[float]:
+        axes = [ax for ax in drawn[name].axes if ax.get_ylabel()]
+        return [x for ax in axes for line in ax.lines if line.get_marker() == "x" for x in line.get_xdata()]
+
+    # At patch 8, attention_naive's inference ran out of memory at N = 1,024 (so did its training step), and
+    # linear's training step alone did.
+    expected = {(1024, mixer_style("attention_naive").color), (1024, mixer_style("linear").color)}
+    train_axes = [ax for ax in drawn["wall_train_patch-8"].axes if ax.get_ylabel()]
+    assert len(train_axes) == 2
+    for ax in train_axes:
+        marks = [line for line in ax.lines if line.get_marker() == "x"]
+        assert {(m.get_xdata()[0], m.get_color()) for m in marks} == expected
+    assert x_markers("wall_patch-8") == [1024] * 3  # attention_naive's only, once per panel
+    assert x_markers("wall_train_patch-16") == []
+
+
+def test_facet_names_say_only_what_differs() -> None:
+    assert json_differences(['{"lr": 0.01, "bs": 64}', '{"bs": 64}']) == [{"lr": "0.01"}, {"lr": "default"}]
+    rows = pd.DataFrame({"dataset": ["cifar", "cifar"], "train": ['{"lr":0.1,"bs":8}', '{"lr":0.2,"bs":8}'],
+                         "epochs": [3, 3]})
+    facets = report_plots.facets(rows, ["train"], always=("dataset",), context=("epochs",))
+    assert [f.suffix for f in facets] == ["_cifar_lr-0.1", "_cifar_lr-0.2"]
+    assert facets[0].title == "cifar · recipe lr=0.1 · 3 epochs"
 
 
 # --- styles and helpers ------------------------------------------------------------------------------------
