@@ -452,8 +452,11 @@ CUSTOM_OP_MACS["prim::PythonOp.SelectiveScanFn"] = _selective_scan_macs_from_sha
 
 
 @functools.cache
+@functools.lru_cache(maxsize=1)
 def _mamba_ssm_selective_scan_fn() -> Callable[..., Tensor] | None:
-    """mamba-ssm's CUDA `selective_scan_fn`, or None where mamba-ssm (a CUDA build) does not import."""
+    """mamba-ssm's CUDA `selective_scan_fn`, or None where mamba-ssm (a CUDA build) does not import.
+
+    Cached: a failed import is retried (and the file system searched) on every call otherwise."""
     try:
         from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
     except ImportError:

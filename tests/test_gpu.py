@@ -1,0 +1,81 @@
+"""GPU fast paths against their CPU references; skipped where there is no CUDA device (or no mamba-ssm)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mixers import create_mixer
+from mixers.selective_scan import resolve_scan_impl, selective_scan
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+DIM, HEADS = 192, 3
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"])
+def test_sdpa_backends_match_float64_naive(backend: str) -> None:
+    """Each SDPA backend in bf16 against materialised attention in float64: forward and input gradient."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fused = create_mixer("attention", DIM, HEADS).cuda()
+    naive = create_mixer("attention_naive", DIM, HEADS).cuda().double()
+    naive.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 32 * 32, DIM, device="cuda")
+    x_ref = x.double().requires_grad_()
+    reference = naive(x_ref, (32, 32))
+    (grad_ref,) = torch.autograd.grad(reference.square().sum(), x_ref)
+    x_low = x.bfloat16().requires_grad_()
+    try:
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            out = fused.bfloat16()(x_low, (32, 32))
+            (grad,) = torch.autograd.grad(out.float().square().sum(), x_low)
+    except RuntimeError as error:
+        pytest.skip(f"{backend} not available here: {error}")
+    assert fused.impl == f"sdpa_{backend.split('_')[0].lower()}"
+    assert relative_error(out, reference) < 2e-2
+    assert relative_error(grad, grad_ref) < 5e-2
+
+
+@pytest.mark.parametrize("name", ["swin", "linear", "mamba"])
+def test_cuda_bf16_matches_cpu_fp32(name: str) -> None:
+    torch.manual_seed(0)
+    cpu = create_mixer(name, DIM, HEADS, layer_idx=1)
+    gpu = create_mixer(name, DIM, HEADS, layer_idx=1)
+    gpu.load_state_dict(cpu.state_dict())
+    x = torch.randn(2, 15 * 17, DIM)
+    reference = cpu(x, (15, 17))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = gpu.cuda()(x.cuda(), (15, 17))
+    assert relative_error(out.float().cpu(), reference) < 3e-2
+
+
+@pytest.mark.skipif(resolve_scan_impl("auto", torch.device("cuda")) != "mamba_ssm_cuda",
+                    reason="mamba-ssm's CUDA kernel does not import here")
+@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float32, 6e-4, 2e-3), (torch.bfloat16, 3e-2, 5e-2)])
+def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype, rtol: float, atol: float) -> None:
+    """mamba-ssm's kernel against our scan at mamba's own test tolerances, forward and every gradient."""
+    torch.manual_seed(0)
+    b, d, length, n = 2, 64, 257, 16
+    inputs = dict(
+        u=torch.randn(b, d, length), delta=0.5 * torch.randn(b, d, length), A=-torch.rand(d, n) - 0.5,
+        B=torch.randn(b, n, length), C=torch.randn(b, n, length), D=torch.randn(d), z=torch.randn(b, d, length),
+        delta_bias=0.1 * torch.randn(d),
+    )
+    low = {k: (v.cuda().to(dtype) if k in ("u", "delta", "B", "C", "z") else v.cuda()).requires_grad_()
+           for k, v in inputs.items()}
+    ref = {k: v.cuda().requires_grad_() for k, v in inputs.items()}
+    y, impl = selective_scan(**low, delta_softplus=True, impl="mamba_ssm_cuda")
+    y_ref, _ = selective_scan(**ref, delta_softplus=True, impl="torch_stream")
+    assert impl == "mamba_ssm_cuda"
+    torch.testing.assert_close(y.float(), y_ref, rtol=rtol, atol=atol)
+    grads = torch.autograd.grad(y.float().sum(), list(low.values()))
+    grads_ref = torch.autograd.grad(y_ref.sum(), list(ref.values()))
+    for name, g, g_ref in zip(low, grads, grads_ref):
+        torch.testing.assert_close(g.float(), g_ref, rtol=rtol, atol=atol * max(1.0, g_ref.abs().max().item() / 10),
+                                   msg=f"gradient of {name}")
