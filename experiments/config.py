@@ -41,7 +41,7 @@ class SweepConfig:
 
     name: str = "custom"
     description: str = ""
-    out: str = ""  # default: results/<name>
+    out: str = ""  # default: results/local/<name> (your runs, git-ignored); results/<name> holds committed references
     mixers: tuple[str, ...] = ()  # empty: every registered mixer
     presets: tuple[str, ...] = ("micro",)
     img_sizes: tuple[int, ...] = (32,)
@@ -69,7 +69,9 @@ class SweepConfig:
 
     @property
     def out_dir(self) -> Path:
-        return Path(self.out or f"results/{self.name}")
+        # Committed reference results live in results/<name>/; a run that does not say --out must not resume
+        # from them (it would find every point done and measure nothing on this machine).
+        return Path(self.out or f"results/local/{self.name}")
 
     def run_configs(self) -> list[SweepConfig]:
         """The config of each `[[runs]]` table (fields of this config overridden), or this config alone."""

@@ -38,7 +38,7 @@ _FIELD_FLAGS = {
     "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on what one point may allocate (emulates less memory)"),
     "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: torch's default)"),
     "launcher": dict(choices=["local", "submitit"], help="local: one isolated process per point; submitit: a job per point"),
-    "out": dict(metavar="DIR", help="results folder (default: results/<config name>)"),
+    "out": dict(metavar="DIR", help="results folder (default: results/local/<config name>; committed references live in results/<config name>)"),
 }
 
 
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m experiments.sweep",
         description=__doc__.split("\n\n")[0] + " With no arguments it runs the embedded default sweep "
         "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, a short pathfinder training run) into "
-        "results/default/. Command-line flags override the chosen --config.",
+        "results/local/default/. Command-line flags override the chosen --config.",
         epilog="Fields not given on the command line come from the config file; see experiments/configs/.",
     )
     parser.add_argument("--config", default="default", metavar="NAME|PATH",

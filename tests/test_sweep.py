@@ -179,3 +179,12 @@ def test_config_errors_are_caught_before_running(tmp_path: Path, top: str, table
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_runs_without_out_never_resume_from_committed_references() -> None:
+    """results/<name>/ holds committed reference rows; a plain run writes beside them, in results/local/<name>/."""
+    from experiments.config import config_from_dict, load_config
+
+    values, source = load_config("default")
+    assert config_from_dict(values, source).out_dir == Path("results/local/default")
+    assert "results/local/" in (REPO / ".gitignore").read_text()
