@@ -6,9 +6,9 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from timm.layers import trunc_normal_
-from torch import Tensor, nn
+from torch import Tensor
 
+from .attention import qkv_and_proj
 from .base import Grid, TokenMixer, check_tokens
 from .registry import register_mixer
 
@@ -56,12 +56,7 @@ class LinearAttention(TokenMixer):
         self.head_dim = dim // num_heads
         self.feature_map = FEATURE_MAPS[feature_map]
         self.eps = eps
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        for linear in (self.qkv, self.proj):
-            trunc_normal_(linear.weight, std=0.02)
-            if linear.bias is not None:
-                nn.init.zeros_(linear.bias)
+        self.qkv, self.proj = qkv_and_proj(dim, qkv_bias)
         self.impl = "linear_fp32_state"
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:

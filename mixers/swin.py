@@ -19,7 +19,7 @@ from einops import rearrange
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from .attention import sdpa_backend_name
+from .attention import qkv_and_proj, sdpa_backend_name
 from .base import Grid, TokenMixer, check_tokens
 from .registry import register_mixer
 
@@ -120,8 +120,7 @@ class SwinAttention(TokenMixer):
         self.layer_idx = layer_idx
         self.window_size = window_size
         self.shift = window_size // 2 if layer_idx % 2 else 0
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv, self.proj = qkv_and_proj(dim, qkv_bias)
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
         trunc_normal_(self.relative_position_bias_table, std=0.02)
         # Plain dict, not buffers: these are functions of (grid, device), so they stay out of the state dict and
