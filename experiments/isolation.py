@@ -8,8 +8,11 @@ at its first parallel region, because libgomp's threads do not survive a fork).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import resource
 import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from functools import lru_cache
@@ -27,7 +30,28 @@ def _limit_address_space(extra_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _child(target: Callable[[Point], Row], point: Point, conn) -> None:
+def _exit_with(sweep_pid: int) -> None:
+    """Ends this point when the sweep that started it is gone (killed with SIGKILL, say).
+
+    The point is a child of the fork server, not of the sweep, so nothing else would stop it: it would train on,
+    writing the checkpoint that a resumed sweep is also writing.
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(sweep_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # the pid exists (reused by another user's process): keep going
+                pass
+
+    threading.Thread(target=watch, name="exit-with-sweep", daemon=True).start()
+
+
+def _child(target: Callable[[Point], Row], point: Point, conn, sweep_pid: int) -> None:
+    _exit_with(sweep_pid)
     try:
         if point.memory_limit_mb:
             _limit_address_space(point.memory_limit_mb)
@@ -57,7 +81,7 @@ def run_isolated(target: Callable[[Point], Row], point: Point, timeout_s: float)
     receive, send = ctx.Pipe(duplex=False)
     # Not a daemon: a point may start worker pools of its own (data generation). It is killed below whatever
     # happens, so it never outlives the sweep.
-    process = ctx.Process(target=_child, args=(target, point, send))
+    process = ctx.Process(target=_child, args=(target, point, send, os.getpid()))
     process.start()
     send.close()
     row: Row | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ from experiments.schema import COLUMNS, KEY_COLUMNS
 from experiments.timing import TimingProtocol, time_call
 from mixers import list_mixers
 from models import create_vit
+
+REPO = Path(__file__).resolve().parent.parent
 
 QUICK = TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0)
 
@@ -124,3 +127,43 @@ def test_isolation_turns_deaths_into_rows() -> None:
     assert time.perf_counter() - started < 30
     row = run_isolated(_raises, point(), 30)
     assert row["status"] == "error" and "boom" in row["error"]
+
+
+def test_point_exits_when_the_sweep_is_killed(tmp_path) -> None:
+    """A point whose sweep died (SIGKILL) must not run on: it would write checkpoints a resumed sweep also writes."""
+    import subprocess
+    import sys
+    import textwrap
+
+    marker = tmp_path / "child.pid"
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from experiments.isolation import run_isolated
+        from tests_helpers_sleeper import sleeper
+        from experiments.point import Point
+        run_isolated(sleeper, Point(mixer="attention", preset="micro", img_size=8, patch_size=4, batch_size=1,
+                                    data_path={str(marker)!r}), 600)
+    """)
+    helper = tmp_path / "tests_helpers_sleeper.py"
+    helper.write_text("import os, time\n"
+                      "def sleeper(point):\n"
+                      "    open(point.data_path, 'w').write(str(os.getpid()))\n"
+                      "    time.sleep(600)\n")
+    sweep = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    deadline = time.time() + 60
+    while not marker.exists() or not marker.read_text():
+        assert time.time() < deadline, "the point never started"
+        time.sleep(0.1)
+    child = int(marker.read_text())
+    sweep.kill()
+    sweep.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the point outlived its sweep")
