@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,8 +161,7 @@ class SweepConfig:
                 raise ConfigError(f"overrides for {mixer} ({preset}): {error}") from None
 
     def model_overrides(self, mixer: str) -> dict:
-        merged = {**self.overrides.get("*", {}), **self.overrides.get(mixer, {})}
-        return merged
+        return {**self.overrides.get("*", {}), **self.overrides.get(mixer, {})}
 
 
 def _digest(key: tuple[str, ...]) -> str:
@@ -220,7 +218,6 @@ def check_fields(config: SweepConfig, where: str) -> None:
         raise ConfigError(f"{prefix}timing: {error}; valid: warmup, min_repeats, min_time_s, max_repeats") from None
     except ValueError as error:
         raise ConfigError(f"{prefix}{error}") from None
-    json.dumps(config.overrides)
 
 
 def config_from_dict(values: dict, source: str) -> SweepConfig:

@@ -141,17 +141,15 @@ def summary_line(point: Point, row: dict) -> str:
     return f"{'ok':>8}  {point.label()}  " + ", ".join(parts)
 
 
-def run_sweep(config: SweepConfig, *, retry_failed: bool = False, progress: bool = True,
+def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = False, progress: bool = True,
               slurm_partition: str | None = None) -> Path:
-    """Runs every pending point of `config`, appending rows to <out>/runs.csv; returns that path."""
+    """Runs the pending ones of `points` (the validated `config.points(...)`), appending rows to <out>/runs.csv;
+    returns that path."""
     from tqdm import tqdm
-
-    from mixers import list_mixers
 
     from .launchers import make_launcher
     from .measure import describe_without_running
 
-    points = config.points(list_mixers())
     runs_path = config.out_dir / "runs.csv"
     done = latest_by_key(read_rows(runs_path))
     todo = pending_points(points, done, retry_failed)
@@ -205,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     try:
-        runs_path = run_sweep(config, retry_failed=args.retry_failed, progress=not args.quiet,
+        runs_path = run_sweep(config, points, retry_failed=args.retry_failed, progress=not args.quiet,
                               slurm_partition=args.slurm)
     except KeyboardInterrupt:
         print(f"\ninterrupted; rows written so far are kept in {config.out_dir / 'runs.csv'}; "
