@@ -42,6 +42,31 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+def nvidia_smi(device: torch.device) -> dict[str, str]:
+    """The SM clock (MHz) and driver version that nvidia-smi reports for `device`; empty where it does not answer."""
+    if device.type != "cuda":
+        return {"gpu_clock_mhz": "", "driver_version": ""}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={index}", "--query-gpu=clocks.sm,driver_version",
+             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+        clock, driver = (field.strip() for field in out.splitlines()[0].split(","))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {"gpu_clock_mhz": "", "driver_version": ""}
+    return {"gpu_clock_mhz": clock, "driver_version": driver}
+
+
+def math_settings(device: torch.device) -> dict[str, object]:
+    """The global switches that change what a matmul or convolution computes or how it is chosen."""
+    return {
+        "tf32": torch.backends.cuda.matmul.allow_tf32 if device.type == "cuda" else "",
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
+
+
 def provenance(device: torch.device) -> dict[str, object]:
     """The provenance columns of a row (see experiments/schema.py)."""
     commit, dirty = git_state()
@@ -53,5 +78,7 @@ def provenance(device: torch.device) -> dict[str, object]:
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
         "python_version": platform.python_version(),
+        **math_settings(device),
+        **nvidia_smi(device),
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }

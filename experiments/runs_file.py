@@ -12,15 +12,29 @@ import os
 from pathlib import Path
 
 from .point import point_key
-from .schema import COLUMNS
+from .schema import COLUMNS, KEY_COLUMNS
 
 
 class RunsFileError(ValueError):
     """runs.csv cannot be used as it is; the message says what to do."""
 
 
+def _check_header(path: Path, header: tuple[str, ...]) -> None:
+    """An older version's header (a subset of today's columns with every key column) is readable; others not."""
+    unknown = [c for c in header if c not in COLUMNS]
+    missing_keys = [c for c in KEY_COLUMNS if c not in header]
+    if unknown or missing_keys:
+        raise RunsFileError(
+            f"{path} was written with other columns (unknown: {', '.join(unknown) or 'none'}; missing key "
+            f"columns: {', '.join(missing_keys) or 'none'}); move it away or choose another --out"
+        )
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
-    """Complete rows of `path` (none if it does not exist), checking the header is this version's."""
+    """Complete rows of `path` (none if it does not exist), with today's columns.
+
+    A file written by an earlier version, which lacked some of today's columns, reads with those cells empty.
+    """
     if not path.exists():
         return []
     text = path.read_text()
@@ -29,13 +43,24 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
     reader = csv.DictReader(io.StringIO(complete))
     header = tuple(reader.fieldnames or ())
-    if header != COLUMNS:
-        missing = [c for c in COLUMNS if c not in header]
-        raise RunsFileError(
-            f"{path} was written with other columns (missing: {', '.join(missing) or 'none'}; "
-            f"{len(header)} vs {len(COLUMNS)} columns); move it away or choose another --out"
-        )
-    return list(reader)
+    _check_header(path, header)
+    return [{column: row.get(column) or "" for column in COLUMNS} for row in reader]
+
+
+def _upgrade_header(path: Path) -> None:
+    """Rewrites a file of an earlier version with today's header (old rows get empty new cells), atomically."""
+    with path.open(newline="") as f:
+        header = tuple(next(csv.reader(f), ()))
+    if header == COLUMNS:
+        return
+    rows = read_rows(path)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    temporary = path.with_name(path.name + ".upgrade")
+    temporary.write_text(buffer.getvalue())
+    os.replace(temporary, path)
 
 
 def _drop_partial_line(path: Path) -> None:
@@ -55,6 +80,8 @@ def append_row(path: Path, row: dict[str, object]) -> None:
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     if path.exists():
         _drop_partial_line(path)
+        if path.stat().st_size:
+            _upgrade_header(path)
     if not path.exists() or path.stat().st_size == 0:
         writer.writeheader()
     writer.writerow({column: _cell(row.get(column)) for column in COLUMNS})

@@ -69,6 +69,11 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "device_name",
     "cpu_threads",
     "python_version",
+    "tf32",  # CUDA float32 matmuls may use TF32 (torch.backends.cuda.matmul.allow_tf32); empty on CPU
+    "matmul_precision",  # torch.get_float32_matmul_precision(): highest | high | medium
+    "cudnn_benchmark",  # torch.backends.cudnn.benchmark
+    "gpu_clock_mhz",  # SM clock nvidia-smi reported when the point ended; empty where it does not answer
+    "driver_version",  # NVIDIA driver; empty on CPU
     "point_seconds",  # wall time of the whole point, including counting and training
     "timestamp",  # UTC, ISO 8601
 )
