@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, Locator, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
-from experiments.crossover import (
+from .crossover import (
     COST_KEYS, FIT_POINTS, REFERENCES, accuracy_facet_keys, accuracy_rows, cost_points, curve_keys, curve_points,
     facet_keys, first_failures, iter_groups, mixer_rank,
 )

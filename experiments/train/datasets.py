@@ -2,9 +2,9 @@
 
 Names (``DATASET_NAMES``):
 
-- ``pathfinder`` / ``pathfinder_scaled``: the procedurally generated long-range task of ``experiments.pathfinder``
+- ``pathfinder`` / ``pathfinder_scaled``: the procedurally generated long-range task of ``experiments.train.pathfinder``
   (variant ``lra`` / ``scaled``), drawn natively at ``img_size``, 1 channel, no augmentation. Cached as .npz under
-  ``data_dir`` when given, else under ``experiments.pathfinder.default_cache_dir()``. The train split uses
+  ``data_dir`` when given, else under ``experiments.train.pathfinder.default_cache_dir()``. The train split uses
   generator seed ``2 * seed``, the test split ``2 * seed + 1``, so the two never share an image.
 - ``cifar10`` / ``cifar100``: torchvision's loaders reading ``data_dir``; they download there when online. Offline
   with the files missing, a ``DatasetError`` says which folder and files to put where, or to use ``npz``.
@@ -387,7 +387,7 @@ def _pathfinder(
     test_samples: int | None,
     workers: int | None,
 ) -> DatasetBundle:
-    from experiments.pathfinder import load_pathfinder, pathfinder_params
+    from .pathfinder import load_pathfinder, pathfinder_params
 
     try:
         params = pathfinder_params(img_size, variant)
@@ -498,7 +498,7 @@ def build_dataset(
         name: one of ``DATASET_NAMES``.
         img_size: side of the square images yielded.
         data_dir: cifar10/cifar100: their root folder; imagefolder: the folder with train/ and val/; pathfinder:
-            the cache folder (default ``experiments.pathfinder.default_cache_dir()``).
+            the cache folder (default ``experiments.train.pathfinder.default_cache_dir()``).
         data_path: npz: the .npz file.
         seed: subset choice and pathfinder generation.
         train_samples: use this many training images (a seeded random subset; pathfinder: how many to generate,
