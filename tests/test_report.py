@@ -15,12 +15,14 @@ import pandas as pd
 import pytest
 
 from experiments.report import plots as report_plots
+from experiments.report import plots_cost
+from experiments.report.build import ReportError, build_report, load_runs
 from experiments.report.crossover import (
     COST_KEYS, RECIPE_KEYS, REPLICATE_KEYS, cost_points, crossover_table, curve_keys, curve_points, exponent_table,
     find_crossover, first_failures, fit_exponent,
 )
-from experiments.report.build import ReportError, build_report, load_runs
-from experiments.report.plots import json_differences, mixer_style, pareto_front
+from experiments.report.plots import json_differences, mixer_style
+from experiments.report.plots_accuracy import pareto_front
 from experiments.report.tables import cost_tables, exponent_tables, fmt_spread, to_latex
 from experiments.schema import COLUMNS, KEY_COLUMNS
 
@@ -325,7 +327,7 @@ def test_train_step_failure_is_marked_in_the_training_panels(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     with_train_step_failures().to_csv(tmp_path / "runs.csv", index=False)
     drawn = {}
-    monkeypatch.setattr(report_plots, "_save", lambda fig, stem: drawn.setdefault(stem.name, fig) and [])
+    monkeypatch.setattr(plots_cost, "_save", lambda fig, stem: drawn.setdefault(stem.name, fig) and [])
     build_report(tmp_path)
 
     def x_markers(name: str) -> list[float]:

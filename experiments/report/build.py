@@ -13,11 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 
 from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
-from . import plots as report_plots
 from . import tables as report_tables
+from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
+from .plots_accuracy import accuracy_figures
+from .plots_cost import patch_figures, wall_figures
 from .crossover import (
     FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
 )
@@ -149,11 +152,35 @@ def build_report(sweep_dir: Path) -> list[Path]:
     if not accuracy_rows(runs).empty:
         tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",
                                             TABLE_CAPTIONS["accuracy"])
-    figures = report_plots.write_figures(runs, exponents, crossovers, figures_dir)
+    figures = write_figures(runs, exponents, crossovers, figures_dir)
     summary = sweep_dir / "summary.md"
     summary.write_text(render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1]),
                        encoding="utf-8")
     return tables + figures + [summary]
+
+
+def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.DataFrame,
+                  out_dir: Path) -> list[Path]:
+    """Draw every figure the sweep has data for.
+
+    Args:
+        runs: the loaded runs.
+        exponents: from `crossover.exponent_table`.
+        crossovers: from `crossover.crossover_table`.
+        out_dir: folder for the files.
+
+    Returns:
+        The paths written.
+    """
+    with matplotlib.rc_context(RC):
+        paths = wall_figures(runs, exponents, crossovers, out_dir, WALL_PANELS, "wall")
+        paths += wall_figures(runs, exponents, crossovers, out_dir, TRAIN_WALL_PANELS, "wall_train")
+        # Only a grid of image sizes x patch sizes reaches one N in several ways.
+        if runs["patch_size"].nunique() > 1 and runs["img_size"].nunique() > 1:
+            paths += patch_figures(runs, out_dir)
+        if not accuracy_rows(runs).empty:
+            paths += accuracy_figures(runs, out_dir)
+    return paths
 
 
 def _fresh_dir(path: Path) -> Path:

@@ -1,13 +1,12 @@
-"""Figures of a sweep report, as PNG (200 dpi) and PDF.
+"""How every figure of a sweep report looks and is named: mixer styles, facets, axes, legends, PNG (200 dpi) and PDF.
 
 Every figure draws a mixer in the same colour, marker and line style (`mixer_style`), in every sweep, so a
 reader learns the mapping once. Figures are built with `matplotlib.figure.Figure` rather than pyplot: no global
 figure registry, no interactive backend, nothing to close.
 
-Cost figures (the wall, patch against resolution) split only on the keys a cost depends on
-(`crossover.COST_KEYS`), so a training row and a cost-only row of one configuration are one point (their median).
-Accuracy figures split on the data set, epochs and recipe too, and read the rows that have an accuracy. A figure
-file is named by the keys that differ between the figures of its kind, e.g. `wall_patch-4.png`.
+The figures themselves are drawn by `plots_cost` (the wall, patch against resolution) and `plots_accuracy`;
+`build.write_figures` draws every one the sweep has data for. A figure file is named by the keys that differ
+between the figures of its kind, e.g. `wall_patch-4.png`.
 """
 from __future__ import annotations
 
@@ -19,20 +18,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, Locator, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
-from .crossover import (
-    COST_KEYS, FIT_POINTS, REFERENCES, accuracy_facet_keys, accuracy_rows, cost_points, curve_keys, curve_points,
-    facet_keys, first_failures, iter_groups, mixer_rank,
-)
+from .crossover import iter_groups
+
 
 # seaborn's colour-blind-safe palette (Okabe-Ito-like); indices into it below.
 PALETTE: list[tuple[float, float, float]] = sns.color_palette("colorblind", 10)
@@ -144,29 +138,6 @@ def mixer_style(name: str) -> MixerStyle:
     )
 
 
-def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.DataFrame,
-                  out_dir: Path) -> list[Path]:
-    """Draw every figure the sweep has data for.
-
-    Args:
-        runs: the loaded runs.
-        exponents: from `crossover.exponent_table`.
-        crossovers: from `crossover.crossover_table`.
-        out_dir: folder for the files.
-
-    Returns:
-        The paths written.
-    """
-    with matplotlib.rc_context(RC):
-        paths = wall_figures(runs, exponents, crossovers, out_dir, WALL_PANELS, "wall")
-        paths += wall_figures(runs, exponents, crossovers, out_dir, TRAIN_WALL_PANELS, "wall_train")
-        # Only a grid of image sizes x patch sizes reaches one N in several ways.
-        if runs["patch_size"].nunique() > 1 and runs["img_size"].nunique() > 1:
-            paths += patch_figures(runs, out_dir)
-        if not accuracy_rows(runs).empty:
-            paths += accuracy_figures(runs, out_dir)
-    return paths
-
 
 # --- facets: which figures, and their names ----------------------------------------------------------------
 
@@ -254,317 +225,6 @@ def _file_part(text: str) -> str:
     """Text safe in a file name: letters, digits and . _ - only, at most 40 characters."""
     return re.sub(r"[^A-Za-z0-9._-]+", "", text.replace(":", "-").replace(",", "-"))[:40] or "none"
 
-
-# --- the wall: cost against tokens -------------------------------------------------------------------------
-
-def wall_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.DataFrame, out_dir: Path,
-                 panels: tuple[tuple[str, str], ...], name: str) -> list[Path]:
-    """The quadratic wall: one panel per cost against N on log-log axes, one figure per curve setting.
-
-    Under each panel, the fitted exponent of each mixer; a curve that stops early gets its status marker at the N
-    that failed, near the top of the panel (for the training-step panels, where the training step failed while
-    the inference ran); dotted verticals mark where a mixer becomes cheaper than the reference attention.
-
-    Returns:
-        The paths written; none when no panel has data.
-    """
-    panels = tuple((m, label) for m, label in panels if m in runs and runs[m].notna().any())
-    if not panels:
-        return []
-    keys = curve_keys(runs)
-    failures = first_failures(runs, panels[0][0])
-    with_data = runs[runs[[m for m, _ in panels]].notna().any(axis=1)]
-    paths = []
-    for facet in facets(runs, keys, untitled=("patch_size",)):
-        if not _select(with_data, facet.values).shape[0]:
-            continue  # e.g. no training step measured at this patch size
-        fig = _wall_figure(facet, panels, _select(exponents, facet.values), _select(crossovers, facet.values),
-                           _select(failures, facet.values), keys)
-        paths += _save(fig, out_dir / f"{name}{facet.suffix}")
-    return paths
-
-
-def _wall_figure(facet: Facet, panels: tuple[tuple[str, str], ...], exponents: pd.DataFrame,
-                 crossovers: pd.DataFrame, failures: pd.DataFrame, keys: list[str]) -> Figure:
-    """One wall figure: the panels, each with its exponent key below, the mixers on top, the notes at the bottom."""
-    setting = facet.rows
-    mixers = sorted(set(setting["mixer"]), key=mixer_rank)
-    width = PANEL_WIDTH * len(panels) + FIGURE_MARGIN
-    key_height = 0.16 * math.ceil(len(mixers) / 5) + 0.2
-    fig = Figure(figsize=(width, PANEL_HEIGHT + key_height + 0.75 + (0.2 if facet.title else 0)),
-                 layout="constrained")
-    grid = fig.subplots(2, len(panels), squeeze=False, height_ratios=[PANEL_HEIGHT, key_height])
-    reference = next((r for r in REFERENCES if r in mixers), None)
-    for ax, key_ax, (metric, label) in zip(grid[0], grid[1], panels):
-        fitted = _select(exponents, {}, metric=metric)
-        _draw_cost_curves(ax, setting, metric, keys, mixers)
-        _draw_failures(ax, failures)
-        if reference:
-            _draw_crossovers(ax, _select(crossovers, {}, metric=metric, reference=reference))
-        _style_token_axis(ax, setting, facet.values)
-        ax.yaxis.set_major_locator(NiceLogLocator())
-        _plain_labels(ax.yaxis)
-        ax.set_ylabel(label)
-        _exponent_key(key_ax, fitted, mixers)
-    if facet.title:
-        fig.suptitle(facet.title, fontsize=8.5)
-    _mixer_legend(fig, mixers, width)
-    _notes_legend(fig, failures, reference, panels, len(mixers))
-    return fig
-
-
-def _draw_cost_curves(ax: Axes, setting: pd.DataFrame, metric: str, keys: list[str], mixers: list[str]) -> None:
-    """One line per mixer through its ok points (the median of the rows at each point)."""
-    points = curve_points(setting, metric, keys)
-    for mixer in mixers:
-        line = points[points["mixer"] == mixer]
-        style = mixer_style(mixer)
-        ax.plot(line["tokens"], line[metric], color=style.color, marker=style.marker, linestyle=style.linestyle)
-    ax.set_yscale("log")
-
-
-def _exponent_key(ax: Axes, exponents: pd.DataFrame, mixers: list[str]) -> None:
-    """Under a panel: each mixer's marker with its fitted exponent k ("–" when it has none)."""
-    ax.axis("off")
-    fitted = exponents.set_index("mixer")["exponent"] if len(exponents) else pd.Series(dtype=float)
-    handles = []
-    for mixer in mixers:
-        style = mixer_style(mixer)
-        k = fitted.get(mixer, math.nan)
-        handles.append(Line2D([], [], color=style.color, marker=style.marker, linestyle="none",
-                              label=f"{k:.2f}" if math.isfinite(k) else "–"))
-    ax.legend(handles=handles, loc="upper center", ncol=min(len(handles), 5), frameon=False, borderaxespad=0,
-              handletextpad=0.1, columnspacing=0.9, handlelength=1.2, fontsize=7,
-              title=f"fitted $k$ of cost $\\propto N^k$ ({FIT_POINTS} largest N)", title_fontsize=6.5)
-
-
-def _draw_failures(ax: Axes, failures: pd.DataFrame) -> None:
-    """Mark the N where each curve stopped, in the mixer's colour, stacked near the top of the panel.
-
-    The y position is in axes coordinates: a failed point has no cost to place it by.
-    """
-    if failures.empty or not ax.lines:
-        return
-    # Headroom above the data, so the markers sit in a band of their own instead of on the lines.
-    bottom, top = ax.get_ylim()
-    ax.set_ylim(bottom, top * (top / bottom) ** (0.08 * len(failures) + 0.04))
-    ordered = failures.sort_values("mixer", key=lambda s: s.map(mixer_rank))
-    for row, (_, failure) in enumerate(ordered.iterrows()):
-        ax.plot([failure["tokens"]], [0.95 - 0.07 * row], transform=ax.get_xaxis_transform(),
-                marker=STATUS_MARKERS.get(failure["status"], "*"), markersize=7, markeredgewidth=1.6,
-                color=mixer_style(failure["mixer"]).color, linestyle="none", clip_on=False, zorder=4)
-
-
-def _draw_crossovers(ax: Axes, crossovers: pd.DataFrame) -> None:
-    """Thin verticals, in the mixer's colour, at the N where it becomes cheaper than the reference."""
-    for _, crossing in crossovers[crossovers["kind"] == "crosses"].iterrows():
-        ax.axvline(crossing["tokens"], color=mixer_style(crossing["mixer"]).color, linestyle=(0, (2, 2)),
-                   linewidth=0.9, alpha=0.9, zorder=1)
-
-
-def _style_token_axis(ax: Axes, setting: pd.DataFrame, values: dict) -> None:
-    """Log token axis spanning every attempted N, with image size on the top axis when one patch size applies."""
-    tokens = sorted(setting["tokens"].unique())
-    ax.set_xscale("log")
-    ax.set_xlim(tokens[0] / 1.4, tokens[-1] * 1.4)
-    _measured_ticks(ax.xaxis, tokens)
-    ax.set_xlabel("Tokens N")
-    patches = setting["patch_size"].unique()
-    if "patch_size" in values or len(patches) == 1:
-        patch = float(values.get("patch_size", patches[0]))
-        top = ax.secondary_xaxis("top", functions=(lambda n: np.sqrt(np.clip(n, 1e-9, None)) * patch,
-                                                  lambda s: (np.clip(s, 1e-9, None) / patch) ** 2))
-        top.tick_params(labelsize=6.5)
-        _measured_ticks(top.xaxis, sorted(setting["img_size"].unique()), fontsize=6.5)
-        top.set_xlabel(f"Image size (px), patch {patch:.0f} px", fontsize=7)
-
-
-def _notes_legend(fig: Figure, failures: pd.DataFrame, reference: str | None,
-                  panels: tuple[tuple[str, str], ...], n_mixers: int) -> None:
-    """The figure's notation at its foot: what the failure markers and the crossover lines mean."""
-    handles = [Line2D([], [], color="0.2", marker=STATUS_MARKERS.get(s, "*"), linestyle="none",
-                      markersize=6, markeredgewidth=1.4, label=f"stopped: {s}")
-               for s in sorted(set(failures["status"]))]
-    has_crossover_panel = any(m in ("latency_ms", "peak_mem_mb", "gmacs") for m, _ in panels)
-    if reference and has_crossover_panel and n_mixers > 1:
-        handles.append(Line2D([], [], color="0.2", linestyle=(0, (2, 2)), linewidth=0.9,
-                              label=f"becomes cheaper than {reference} (line in the mixer's colour)"))
-    if handles:
-        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False,
-                   fontsize=6.5, handlelength=2.2)
-
-
-# --- patch size against resolution -------------------------------------------------------------------------
-
-_PATCH_LINESTYLES: tuple[str | tuple, ...] = ("-", "--", ":", "-.")
-
-
-def patch_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Patch size against resolution: the same N reached by different (image size, patch size) pairs.
-
-    Panels: latency against N, latency against image size, and accuracy against N when one training setting
-    measured it at two token counts or more. Colour and marker say the mixer; line style and marker fill say
-    the patch size.
-
-    Returns:
-        The paths written.
-    """
-    if not runs["latency_ms"].notna().any():
-        return []
-    patches = sorted(runs["patch_size"].unique())
-    paths = []
-    for facet in facets(runs, facet_keys(runs)):
-        points = cost_points(facet.rows, ["latency_ms"])
-        points = points[points["status"] == "ok"].dropna(subset=["latency_ms"])
-        accuracy = _accuracy_line_points(facet.rows)
-        panels = [("tokens", "latency_ms", points), ("img_size", "latency_ms", points)]
-        if accuracy is not None:
-            panels.append(("tokens", "accuracy", accuracy))
-        width = PANEL_WIDTH * len(panels) + FIGURE_MARGIN
-        fig = Figure(figsize=(width, PANEL_HEIGHT + 0.75), layout="constrained")
-        axes = fig.subplots(1, len(panels), squeeze=False)[0]
-        for ax, (x, y, data) in zip(axes, panels):
-            _draw_patch_panel(ax, data, x, y, patches)
-        if facet.title:
-            fig.suptitle(facet.title, fontsize=8.5)
-        _mixer_legend(fig, sorted(set(points["mixer"]), key=mixer_rank), width, linestyles=False)
-        handles = [Line2D([], [], color="0.2", linestyle=_PATCH_LINESTYLES[i % 4], marker="o",
-                          markerfacecolor="0.2" if i == 0 else "white", label=f"patch {p} px")
-                   for i, p in enumerate(patches)]
-        fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=2.6,
-                   ncol=_legend_columns([h.get_label() for h in handles], width, handle_in=2.6 * 7 / 72))
-        paths += _save(fig, out_dir / f"patch_resolution{facet.suffix}")
-    return paths
-
-
-def _accuracy_line_points(rows: pd.DataFrame) -> pd.DataFrame | None:
-    """Accuracy (%) per mixer, patch and N, when one training setting has a line of two N or more; else None."""
-    trained = accuracy_rows(rows)
-    if trained.empty or len(trained.groupby(["dataset", "epochs", "train"])) != 1:
-        return None
-    points = trained.groupby(["mixer", "patch_size", "img_size", "tokens"], as_index=False)["accuracy"].mean()
-    if points.groupby(["mixer", "patch_size"])["tokens"].nunique().max() < 2:
-        return None
-    return points.assign(accuracy=points["accuracy"] * 100)
-
-
-def _draw_patch_panel(ax: Axes, points: pd.DataFrame, x: str, y: str, patches: list[int]) -> None:
-    """One line per mixer and patch size: filled markers for the smallest patch, open for the others."""
-    for (mixer, patch), line in points.groupby(["mixer", "patch_size"]):
-        line = line.sort_values(x)
-        style = mixer_style(mixer)
-        ax.plot(line[x], line[y], color=style.color, marker=style.marker,
-                linestyle=_PATCH_LINESTYLES[patches.index(patch) % 4],
-                markerfacecolor=style.color if patch == patches[0] else "white")
-    ax.set_xscale("log")
-    values = sorted(points[x].unique())
-    ax.set_xlim(values[0] / 1.25, values[-1] * 1.25)
-    _measured_ticks(ax.xaxis, values)
-    ax.set_xlabel("Tokens N" if x == "tokens" else "Image size (px)")
-    if y == "accuracy":
-        ax.set_ylabel("Top-1 accuracy (%)")
-    else:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(NiceLogLocator())
-        _plain_labels(ax.yaxis)
-        ax.set_ylabel("Inference latency per batch (ms)")
-
-
-# --- accuracy against cost ---------------------------------------------------------------------------------
-
-def accuracy_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Accuracy against cost (GMACs, latency), with the Pareto front of the points no other point dominates.
-
-    One figure per data set, epochs, recipe and varying cost key. Accuracy is the mean over seeds of the rows
-    that have one; the costs are the cost point's (the median over every row of that configuration, as in the
-    wall figures and the costs table). Front points are labelled "image/patch" when the points differ in size.
-
-    Returns:
-        The paths written.
-    """
-    costs = [c for c in ("gmacs", "latency_ms") if runs[c].notna().any()]
-    if not costs:
-        return []
-    point = list(COST_KEYS) + ["tokens"]
-    point_costs = cost_points(runs, costs)[point + costs]
-    paths = []
-    for facet in facets(accuracy_rows(runs), accuracy_facet_keys(runs), always=("dataset",), context=("epochs",)):
-        points = facet.rows.groupby(point, as_index=False)["accuracy"].mean().merge(point_costs, on=point,
-                                                                                    how="left")
-        points["accuracy"] *= 100
-        paths += _save(_accuracy_figure(facet, points, costs), out_dir / f"accuracy_cost{facet.suffix}")
-    return paths
-
-
-def _accuracy_figure(facet: Facet, points: pd.DataFrame, costs: list[str]) -> Figure:
-    """One accuracy figure: a panel per cost, the mixers and the front's key at the foot."""
-    sizes = points[["img_size", "patch_size"]].drop_duplicates()
-    one_size = len(sizes) == 1
-    title = facet.title
-    if one_size:
-        title += f" · image {sizes['img_size'].iloc[0]} px, patch {sizes['patch_size'].iloc[0]} px"
-    width = (PANEL_WIDTH + 0.15) * len(costs) + FIGURE_MARGIN
-    fig = Figure(figsize=(width, PANEL_HEIGHT + 0.8), layout="constrained")
-    axes = fig.subplots(1, len(costs), squeeze=False)[0]
-    for ax, cost in zip(axes, costs):
-        _draw_accuracy_panel(ax, points.dropna(subset=[cost]), cost, label_front=not one_size)
-    fig.suptitle(title.strip(" ·"), fontsize=8.5)
-    handles = [_mixer_handle(m, linestyle="none") for m in sorted(set(points["mixer"]), key=mixer_rank)]
-    front = "Pareto front" + ("" if one_size else " (image/patch px)")
-    handles.append(Line2D([], [], color="0.25", linestyle="--", linewidth=0.9, label=front))
-    fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=1.6,
-               ncol=_legend_columns([h.get_label() for h in handles], width, handle_in=1.6 * 7 / 72))
-    return fig
-
-
-def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
-    """Indices of the points that no other point dominates (at most the cost and strictly more accuracy).
-
-    Returns:
-        Indices into the inputs, by increasing cost.
-    """
-    order = np.lexsort((-np.asarray(accuracy), np.asarray(cost)))  # by cost, then best accuracy first
-    front, best = [], -math.inf
-    for i in order:
-        if accuracy[i] > best:
-            front.append(i)
-            best = accuracy[i]
-    return np.array(front, dtype=int)
-
-
-def _draw_accuracy_panel(ax: Axes, points: pd.DataFrame, cost: str, label_front: bool) -> None:
-    """Scatter of accuracy against one cost, the Pareto front as a step line, its points optionally labelled."""
-    for mixer, group in points.groupby("mixer"):
-        style = mixer_style(mixer)
-        ax.scatter(group[cost], group["accuracy"], color=style.color, marker=style.marker, s=30, zorder=3,
-                   edgecolors="white", linewidths=0.5)
-    front = points.iloc[pareto_front(points[cost].to_numpy(), points["accuracy"].to_numpy())]
-    ax.step(front[cost], front["accuracy"], where="post", color="0.25", linestyle="--", linewidth=0.9, zorder=2)
-    if label_front:
-        _label_front(ax, front, cost)
-    ax.set_xscale("log")
-    ax.margins(x=0.12, y=0.12)
-    ax.xaxis.set_major_locator(NiceLogLocator(fallback_bins=4))
-    _plain_labels(ax.xaxis)
-    ax.yaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
-    ax.set_xlabel(COST_LABELS[cost])
-    ax.set_ylabel("Top-1 accuracy (%)")
-
-
-def _label_front(ax: Axes, front: pd.DataFrame, cost: str) -> None:
-    """Label front points "image/patch": up and to the left (where no point can lie), the first up and right.
-
-    A run of front points at the same (image, patch) is labelled once, at its cheapest point.
-    """
-    previous = None
-    for i, (_, point) in enumerate(front.iterrows()):
-        text = f"{point['img_size']:.0f}/{point['patch_size']:.0f}"
-        if text != previous:
-            left = i > 0
-            ax.annotate(text, (point[cost], point["accuracy"]), xytext=(-4 if left else 4, 4),
-                        textcoords="offset points", ha="right" if left else "left", va="bottom", fontsize=6,
-                        color="0.3")
-        previous = text
 
 
 # --- axes, legends and files -------------------------------------------------------------------------------
