@@ -14,8 +14,8 @@ from experiments.measure.counting import flop_counter_flops, fvcore_macs
 from experiments.measure.memory import cpu_peak_bytes, peak_memory
 from experiments.measure.point import Point
 from experiments.measure.run import measure_point
-from experiments.schema import COLUMNS, KEY_COLUMNS
 from experiments.measure.timing import TimingProtocol, time_call
+from experiments.schema import COLUMNS, KEY_COLUMNS
 from experiments.sweep.isolation import run_isolated
 from mixers import list_mixers
 from models import create_vit

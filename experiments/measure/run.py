@@ -117,7 +117,7 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
 
 
 def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[str, object]:
-    """Trains a fresh model on the point's data set and evaluates it (experiments/train.py)."""
+    """Trains a fresh model on the point's data set and evaluates it (experiments/train/recipe.py)."""
     from ..train.datasets import build_dataset
     from ..train.recipe import TrainRecipe, train_and_evaluate
 
