@@ -1,4 +1,6 @@
-"""Experiment scripts: sweeps, measurements, training, data sets and the report."""
+"""Experiments, one sub-package per stage: sweep -> measure / train -> report, plus bench; configs/ holds sweeps.
+`schema` (the runs.csv columns) is shared by every stage and imports only the standard library.
+"""
 import os
 
 # Quiet the profiler that measures CPU memory (kineto's start/stop lines, c10's notes about blocks allocated

@@ -38,5 +38,5 @@ def check_tokens(x: Tensor, grid: Grid) -> None:
 
 # MACs of custom ops that the counters cannot see into, by op name ("namespace::name"), as a function of the
 # shapes of the op's tensor inputs. A mixer that adds a custom op registers its formula here, so fvcore's
-# counter in experiments/ gets a handle for it without that code knowing the mixer.
+# counter in experiments/measure/counting.py gets a handle for it without that code knowing the mixer.
 CUSTOM_OP_MACS: dict[str, Callable[[list[tuple[int, ...] | None]], int]] = {}

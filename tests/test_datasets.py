@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from experiments.datasets import (
+from experiments.train.datasets import (
     CIFAR_STATS,
     DATASET_NAMES,
     DatasetBundle,

@@ -131,7 +131,7 @@ def test_macs_match_flop_counter(grid: tuple[int, int], options: dict) -> None:
 
 def test_macs_match_fvcore() -> None:
     """fvcore's jit trace sees the scan as `mixerbench::selective_scan` and counts it with the registered handle."""
-    from experiments.counting import fvcore_macs
+    from experiments.measure.counting import fvcore_macs
 
     grid = (5, 7)
 

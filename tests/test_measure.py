@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments.counting import flop_counter_flops, fvcore_macs
-from experiments.isolation import run_isolated
-from experiments.measure import measure_point
-from experiments.memory import cpu_peak_bytes, peak_memory
-from experiments.point import Point
+from experiments.measure.counting import flop_counter_flops, fvcore_macs
+from experiments.measure.memory import cpu_peak_bytes, peak_memory
+from experiments.measure.point import Point
+from experiments.measure.run import measure_point
+from experiments.measure.timing import TimingProtocol, time_call
 from experiments.schema import COLUMNS, KEY_COLUMNS
-from experiments.timing import TimingProtocol, time_call
+from experiments.sweep.isolation import run_isolated
 from mixers import list_mixers
 from models import create_vit
 
@@ -139,9 +139,9 @@ def test_point_exits_when_the_sweep_is_killed(tmp_path) -> None:
     script = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from experiments.isolation import run_isolated
+        from experiments.sweep.isolation import run_isolated
         from tests_helpers_sleeper import sleeper
-        from experiments.point import Point
+        from experiments.measure.point import Point
         run_isolated(sleeper, Point(mixer="attention", preset="micro", img_size=8, patch_size=4, batch_size=1,
                                     data_path={str(marker)!r}), 600)
     """)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import pathfinder as pf
+from experiments.train import pathfinder as pf
 
 
 def best_threshold_accuracy(feature: np.ndarray, labels: np.ndarray) -> float:

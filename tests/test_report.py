@@ -14,14 +14,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import report_plots
-from experiments.crossover import (
+from experiments.report import plots as report_plots
+from experiments.report import plots_cost
+from experiments.report.build import ReportError, build_report, load_runs
+from experiments.report.crossover import (
     COST_KEYS, RECIPE_KEYS, REPLICATE_KEYS, cost_points, crossover_table, curve_keys, curve_points, exponent_table,
     find_crossover, first_failures, fit_exponent,
 )
-from experiments.report import ReportError, build_report, load_runs
-from experiments.report_plots import json_differences, mixer_style, pareto_front
-from experiments.report_tables import cost_tables, exponent_tables, fmt_spread, to_latex
+from experiments.report.plots import json_differences, mixer_style
+from experiments.report.plots_accuracy import pareto_front
+from experiments.report.tables import cost_tables, exponent_tables, fmt_spread, to_latex
 from experiments.schema import COLUMNS, KEY_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -325,7 +327,7 @@ def test_train_step_failure_is_marked_in_the_training_panels(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     with_train_step_failures().to_csv(tmp_path / "runs.csv", index=False)
     drawn = {}
-    monkeypatch.setattr(report_plots, "_save", lambda fig, stem: drawn.setdefault(stem.name, fig) and [])
+    monkeypatch.setattr(plots_cost, "_save", lambda fig, stem: drawn.setdefault(stem.name, fig) and [])
     build_report(tmp_path)
 
     def x_markers(name: str) -> list[float]:
@@ -442,7 +444,7 @@ def test_cli_exits_2_with_one_line_error(tmp_path: Path) -> None:
 def test_report_does_not_import_torch_or_models(small_sweep: Path) -> None:
     code = (
         "import sys\n"
-        "from experiments.report import main\n"
+        "from experiments.report.__main__ import main\n"
         f"assert main([{str(small_sweep)!r}]) == 0\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mixers', 'models')))\n"
     )

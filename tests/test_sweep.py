@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.runs_file import append_row, read_rows
+from experiments.sweep.runs_file import append_row, read_rows
 from experiments.schema import COLUMNS
-from experiments.sweep import main
+from experiments.sweep.__main__ import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -183,7 +183,7 @@ def test_config_errors_are_caught_before_running(tmp_path: Path, top: str, table
 
 def test_runs_without_out_never_resume_from_committed_references() -> None:
     """results/<name>/ holds committed reference rows; a plain run writes beside them, in results/local/<name>/."""
-    from experiments.config import config_from_dict, load_config
+    from experiments.sweep.config import config_from_dict, load_config
 
     values, source = load_config("default")
     assert config_from_dict(values, source).out_dir == Path("results/local/default")

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
-from experiments.train import (
+from experiments.train.recipe import (
     CHECKPOINT_NAME,
     TrainRecipe,
     TrainResult,

@@ -13,15 +13,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .point import Point, canonical_json
-from .timing import TimingProtocol
+from ..measure.point import Point, canonical_json
+from ..measure.timing import TimingProtocol
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+CONFIG_DIR = Path(__file__).parent.parent / "configs"
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 LAUNCHERS = ("local", "submitit")
@@ -141,7 +141,7 @@ class SweepConfig:
             raise ConfigError("train: set epochs as a top-level field (or --epochs), not inside [train]")
         if self.dtype == "float16":
             raise ConfigError("dtype: training supports float32 and bfloat16 (float16 would need a loss scaler)")
-        from .train import TrainRecipe
+        from ..train.recipe import TrainRecipe
 
         try:
             TrainRecipe(epochs=self.epochs, **self.train)
@@ -150,7 +150,7 @@ class SweepConfig:
 
     def _check_models(self, mixers: tuple[str, ...]) -> None:
         """Builds each (mixer, preset) once on the meta device, so bad overrides fail before anything runs."""
-        from .measure import build_model
+        from ..measure.run import build_model
 
         for mixer, preset in itertools.product(mixers, self.presets):
             probe = Point(mixer=mixer, preset=preset, img_size=self.patch_sizes[0], patch_size=self.patch_sizes[0],

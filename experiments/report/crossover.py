@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from experiments.schema import KEY_COLUMNS
+from ..schema import KEY_COLUMNS
 
 # The exponent is the slope over the largest sizes only: at small N the linear parts of the model (patch
 # embedding, MLPs, projections) dominate and would pull every mixer's slope towards 1.

@@ -14,11 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from ..measure.point import Point, point_group
+from ..schema import KEY_COLUMNS
+from ..train.datasets import DatasetError
 from .config import ConfigError, SweepConfig, config_from_dict, load_config, named_configs
-from .datasets import DatasetError
-from .point import Point, point_group
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
-from .schema import KEY_COLUMNS
 
 # Flags that override config fields: flag name -> (field, argparse kwargs)
 _FIELD_FLAGS = {
@@ -148,7 +148,7 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     from tqdm import tqdm
 
     from .launchers import make_launcher
-    from .measure import describe_without_running
+    from ..measure.run import describe_without_running
 
     runs_path = config.out_dir / "runs.csv"
     done = latest_by_key(read_rows(runs_path))
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"runs: {runs_path} ({time.perf_counter() - started:.0f} s)")
     if not args.no_report:
-        from .report import build_report
+        from ..report.build import build_report
 
         written = build_report(config.out_dir)
         print(f"report: {len(written)} files in {config.out_dir}/ (summary: {config.out_dir / 'summary.md'})")
@@ -226,7 +226,7 @@ def check_environment(config: SweepConfig) -> None:
         if run.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device: cuda was asked for but torch sees no CUDA device; use --device cpu")
         if run.epochs > 0:
-            from .datasets import check_dataset_available
+            from ..train.datasets import check_dataset_available
 
             check_dataset_available(run.dataset, data_dir=run.data_dir or None, data_path=run.data_path or None)
 

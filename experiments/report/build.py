@@ -1,16 +1,5 @@
-"""Rebuild a sweep's tables, figures and summary from its `runs.csv` alone.
-
-    python -m experiments.report results/<sweep>
-
-writes into the sweep folder:
-    summary.md                       what was measured, how it was counted, where it ran; links everything below
-    tables/costs.{csv,md,tex}        one row per point: params, GMACs, latency, memory, train step, accuracy, status
-    tables/exponents.{csv,md,tex}    fitted scaling exponent k of cost ~ N^k per mixer and metric
-    tables/crossovers.{csv,md,tex}   token count where each mixer becomes cheaper than attention(_naive)
-    tables/accuracy.{csv,md,tex}     accuracy of each trained point with its cost, when a point trained
-    figures/wall*.{png,pdf}          latency, memory and GMACs against tokens (training step in wall_train*)
-    figures/patch_resolution*        the same N reached by different (image, patch) pairs, with >1 patch size
-    figures/accuracy_cost*           accuracy against GMACs and latency with the Pareto front, with accuracy
+"""Rebuild a sweep's tables, figures and summary from its `runs.csv` alone (`build_report`), and write its
+headline into a README (`write_headline`); the command line is `python -m experiments.report`.
 
 A point's cost depends on the cost keys only (`crossover.COST_KEYS`): the cost tables and figures take the median
 over every row of one configuration (seeds, and the training rows that also measured it). Accuracy tables and
@@ -21,18 +10,20 @@ model code, so it runs anywhere the CSV can be copied.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 
-from experiments import report_plots, report_tables
-from experiments.crossover import (
+from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
+from . import tables as report_tables
+from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
+from .plots_accuracy import accuracy_figures
+from .plots_cost import patch_figures, wall_figures
+from .crossover import (
     FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
 )
-from experiments.schema import COLUMNS, KEY_COLUMNS, STATUSES
 
 # Key columns added after the first sweeps were recorded, with the value an older runs.csv implies.
 OPTIONAL_KEYS: dict[str, str] = {"train": "{}"}
@@ -161,11 +152,35 @@ def build_report(sweep_dir: Path) -> list[Path]:
     if not accuracy_rows(runs).empty:
         tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",
                                             TABLE_CAPTIONS["accuracy"])
-    figures = report_plots.write_figures(runs, exponents, crossovers, figures_dir)
+    figures = write_figures(runs, exponents, crossovers, figures_dir)
     summary = sweep_dir / "summary.md"
     summary.write_text(render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1]),
                        encoding="utf-8")
     return tables + figures + [summary]
+
+
+def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.DataFrame,
+                  out_dir: Path) -> list[Path]:
+    """Draw every figure the sweep has data for.
+
+    Args:
+        runs: the loaded runs.
+        exponents: from `crossover.exponent_table`.
+        crossovers: from `crossover.crossover_table`.
+        out_dir: folder for the files.
+
+    Returns:
+        The paths written.
+    """
+    with matplotlib.rc_context(RC):
+        paths = wall_figures(runs, exponents, crossovers, out_dir, WALL_PANELS, "wall")
+        paths += wall_figures(runs, exponents, crossovers, out_dir, TRAIN_WALL_PANELS, "wall_train")
+        # Only a grid of image sizes x patch sizes reaches one N in several ways.
+        if runs["patch_size"].nunique() > 1 and runs["img_size"].nunique() > 1:
+            paths += patch_figures(runs, out_dir)
+        if not accuracy_rows(runs).empty:
+            paths += accuracy_figures(runs, out_dir)
+    return paths
 
 
 def _fresh_dir(path: Path) -> Path:
@@ -380,26 +395,3 @@ def write_headline(readme: Path, sweep_dir: Path) -> None:
     ]
     start, end = text.index(HEADLINE_START), text.index(HEADLINE_END) + len(HEADLINE_END)
     readme.write_text(text[:start] + "\n".join(lines) + text[end:], encoding="utf-8")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: build the report, or print a one-line error and return 2."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
-    parser.add_argument("sweep_dir", type=Path, help="the sweep folder holding runs.csv, e.g. results/default")
-    parser.add_argument("--readme", type=Path, default=None, metavar="README.md",
-                        help="also write this sweep's headline (wall figure, exponents, crossovers) between the "
-                        "headline markers of this Markdown file")
-    args = parser.parse_args(argv)
-    try:
-        written = build_report(args.sweep_dir)
-        if args.readme:
-            write_headline(args.readme, args.sweep_dir)
-    except ReportError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {len(written)} files; see {args.sweep_dir / 'summary.md'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

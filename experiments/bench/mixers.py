@@ -1,7 +1,7 @@
 """Benchmark: forward and forward+backward of each mixer alone, on one grid (not a test: prints a table).
 
-    python -m experiments.bench_mixers                      # dim 192, 64 x 64 grid (4096 tokens), batch 1
-    python -m experiments.bench_mixers --grid 32 32 --mixers attention mamba --threads 2
+    python -m experiments.bench.mixers                      # dim 192, 64 x 64 grid (4096 tokens), batch 1
+    python -m experiments.bench.mixers --grid 32 32 --mixers attention mamba --threads 2
 
 Timing follows the sweep's protocol (warm-up, repeats until a count and a time are reached, median and IQR).
 """
@@ -13,12 +13,12 @@ import torch
 
 from mixers import create_mixer, list_mixers
 
-from .provenance import provenance
-from .timing import TimingProtocol, time_call
+from ..measure.provenance import provenance
+from ..measure.timing import TimingProtocol, time_call
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench_mixers", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.mixers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mixers", nargs="+", default=None, help="default: all registered")
     parser.add_argument("--dim", type=int, default=192)
     parser.add_argument("--heads", type=int, default=3)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.crossover import (
+from .crossover import (
     COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank,
     varying_keys,
 )

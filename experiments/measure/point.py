@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from .schema import KEY_COLUMNS
+from ..schema import KEY_COLUMNS
 from .timing import TimingProtocol
 
 

@@ -14,7 +14,7 @@ IQRs, speed-ups and the largest differences of outputs and gradients.
 and pass `--mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1`. Without it only our scans are timed.
 
 Usage:
-    python -m experiments.bench_scan --mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1 --num-threads 1
+    python -m experiments.bench.scan --mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1 --num-threads 1
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Measures one point in the current process: parameters, MACs (three ways), latency, peak memory, training.
 
-Called inside an isolated worker (experiments/isolation.py), so an out-of-memory or a crash costs one point.
+Called inside an isolated worker (experiments/sweep/isolation.py), so an out-of-memory or a crash costs one point.
 """
 from __future__ import annotations
 
@@ -117,9 +117,9 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
 
 
 def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[str, object]:
-    """Trains a fresh model on the point's data set and evaluates it (experiments/train.py)."""
-    from .datasets import build_dataset
-    from .train import TrainRecipe, train_and_evaluate
+    """Trains a fresh model on the point's data set and evaluates it (experiments/train/recipe.py)."""
+    from ..train.datasets import build_dataset
+    from ..train.recipe import TrainRecipe, train_and_evaluate
 
     recipe = TrainRecipe(epochs=point.epochs, **json.loads(point.train))
     bundle = build_dataset(

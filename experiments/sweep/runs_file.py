@@ -11,8 +11,8 @@ import io
 import os
 from pathlib import Path
 
-from .point import point_key
-from .schema import COLUMNS, KEY_COLUMNS
+from ..measure.point import point_key
+from ..schema import COLUMNS, KEY_COLUMNS
 
 
 class RunsFileError(ValueError):

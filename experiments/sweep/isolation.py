@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable
 from functools import lru_cache
 
-from .point import Point
+from ..measure.point import Point
 
 Row = dict[str, object]
 
@@ -68,7 +68,7 @@ def _context() -> mp.context.BaseContext:
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["experiments.measure"])
+    ctx.set_forkserver_preload(["experiments.measure.run"])
     return ctx
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..measure.point import Point
+from ..measure.run import measure_point
 from .config import SweepConfig
 from .isolation import run_isolated
-from .measure import measure_point
-from .point import Point
 
 Record = Callable[[Point, dict], None]
 # Decides, just before a point runs, whether it runs as is, runs adjusted, or is recorded as skipped.

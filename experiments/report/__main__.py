@@ -1,0 +1,44 @@
+"""Rebuild a sweep's tables, figures and summary from its `runs.csv` alone.
+
+    python -m experiments.report results/<sweep>
+
+writes into the sweep folder:
+    summary.md                       what was measured, how it was counted, where it ran; links everything below
+    tables/costs.{csv,md,tex}        one row per point: params, GMACs, latency, memory, train step, accuracy, status
+    tables/exponents.{csv,md,tex}    fitted scaling exponent k of cost ~ N^k per mixer and metric
+    tables/crossovers.{csv,md,tex}   token count where each mixer becomes cheaper than attention(_naive)
+    tables/accuracy.{csv,md,tex}     accuracy of each trained point with its cost, when a point trained
+    figures/wall*.{png,pdf}          latency, memory and GMACs against tokens (training step in wall_train*)
+    figures/patch_resolution*        the same N reached by different (image, patch) pairs, with >1 patch size
+    figures/accuracy_cost*           accuracy against GMACs and latency with the Pareto front, with accuracy
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .build import ReportError, build_report, write_headline
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: build the report, or print a one-line error and return 2."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
+    parser.add_argument("sweep_dir", type=Path, help="the sweep folder holding runs.csv, e.g. results/default")
+    parser.add_argument("--readme", type=Path, default=None, metavar="README.md",
+                        help="also write this sweep's headline (wall figure, exponents, crossovers) between the "
+                        "headline markers of this Markdown file")
+    args = parser.parse_args(argv)
+    try:
+        written = build_report(args.sweep_dir)
+        if args.readme:
+            write_headline(args.readme, args.sweep_dir)
+    except ReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} files; see {args.sweep_dir / 'summary.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

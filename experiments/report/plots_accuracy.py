@@ -1,0 +1,117 @@
+"""Accuracy figures: top-1 accuracy against cost (GMACs, latency), with the Pareto front labelled.
+
+They split on the data set, epochs and recipe too, and read the rows that have an accuracy. Styles, facets, axes
+and files come from `plots`.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from .crossover import COST_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank
+from .plots import (
+    COST_LABELS, FIGURE_MARGIN, Facet, NiceLogLocator, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle,
+    _plain_labels, _save, facets, mixer_style,
+)
+
+
+def accuracy_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Accuracy against cost (GMACs, latency), with the Pareto front of the points no other point dominates.
+
+    One figure per data set, epochs, recipe and varying cost key. Accuracy is the mean over seeds of the rows
+    that have one; the costs are the cost point's (the median over every row of that configuration, as in the
+    wall figures and the costs table). Front points are labelled "image/patch" when the points differ in size.
+
+    Returns:
+        The paths written.
+    """
+    costs = [c for c in ("gmacs", "latency_ms") if runs[c].notna().any()]
+    if not costs:
+        return []
+    point = list(COST_KEYS) + ["tokens"]
+    point_costs = cost_points(runs, costs)[point + costs]
+    paths = []
+    for facet in facets(accuracy_rows(runs), accuracy_facet_keys(runs), always=("dataset",), context=("epochs",)):
+        points = facet.rows.groupby(point, as_index=False)["accuracy"].mean().merge(point_costs, on=point,
+                                                                                    how="left")
+        points["accuracy"] *= 100
+        paths += _save(_accuracy_figure(facet, points, costs), out_dir / f"accuracy_cost{facet.suffix}")
+    return paths
+
+
+def _accuracy_figure(facet: Facet, points: pd.DataFrame, costs: list[str]) -> Figure:
+    """One accuracy figure: a panel per cost, the mixers and the front's key at the foot."""
+    sizes = points[["img_size", "patch_size"]].drop_duplicates()
+    one_size = len(sizes) == 1
+    title = facet.title
+    if one_size:
+        title += f" · image {sizes['img_size'].iloc[0]} px, patch {sizes['patch_size'].iloc[0]} px"
+    width = (PANEL_WIDTH + 0.15) * len(costs) + FIGURE_MARGIN
+    fig = Figure(figsize=(width, PANEL_HEIGHT + 0.8), layout="constrained")
+    axes = fig.subplots(1, len(costs), squeeze=False)[0]
+    for ax, cost in zip(axes, costs):
+        _draw_accuracy_panel(ax, points.dropna(subset=[cost]), cost, label_front=not one_size)
+    fig.suptitle(title.strip(" ·"), fontsize=8.5)
+    handles = [_mixer_handle(m, linestyle="none") for m in sorted(set(points["mixer"]), key=mixer_rank)]
+    front = "Pareto front" + ("" if one_size else " (image/patch px)")
+    handles.append(Line2D([], [], color="0.25", linestyle="--", linewidth=0.9, label=front))
+    fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=1.6,
+               ncol=_legend_columns([h.get_label() for h in handles], width, handle_in=1.6 * 7 / 72))
+    return fig
+
+
+def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
+    """Indices of the points that no other point dominates (at most the cost and strictly more accuracy).
+
+    Returns:
+        Indices into the inputs, by increasing cost.
+    """
+    order = np.lexsort((-np.asarray(accuracy), np.asarray(cost)))  # by cost, then best accuracy first
+    front, best = [], -math.inf
+    for i in order:
+        if accuracy[i] > best:
+            front.append(i)
+            best = accuracy[i]
+    return np.array(front, dtype=int)
+
+
+def _draw_accuracy_panel(ax: Axes, points: pd.DataFrame, cost: str, label_front: bool) -> None:
+    """Scatter of accuracy against one cost, the Pareto front as a step line, its points optionally labelled."""
+    for mixer, group in points.groupby("mixer"):
+        style = mixer_style(mixer)
+        ax.scatter(group[cost], group["accuracy"], color=style.color, marker=style.marker, s=30, zorder=3,
+                   edgecolors="white", linewidths=0.5)
+    front = points.iloc[pareto_front(points[cost].to_numpy(), points["accuracy"].to_numpy())]
+    ax.step(front[cost], front["accuracy"], where="post", color="0.25", linestyle="--", linewidth=0.9, zorder=2)
+    if label_front:
+        _label_front(ax, front, cost)
+    ax.set_xscale("log")
+    ax.margins(x=0.12, y=0.12)
+    ax.xaxis.set_major_locator(NiceLogLocator(fallback_bins=4))
+    _plain_labels(ax.xaxis)
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
+    ax.set_xlabel(COST_LABELS[cost])
+    ax.set_ylabel("Top-1 accuracy (%)")
+
+
+def _label_front(ax: Axes, front: pd.DataFrame, cost: str) -> None:
+    """Label front points "image/patch": up and to the left (where no point can lie), the first up and right.
+
+    A run of front points at the same (image, patch) is labelled once, at its cheapest point.
+    """
+    previous = None
+    for i, (_, point) in enumerate(front.iterrows()):
+        text = f"{point['img_size']:.0f}/{point['patch_size']:.0f}"
+        if text != previous:
+            left = i > 0
+            ax.annotate(text, (point[cost], point["accuracy"]), xytext=(-4 if left else 4, 4),
+                        textcoords="offset points", ha="right" if left else "left", va="bottom", fontsize=6,
+                        color="0.3")
+        previous = text

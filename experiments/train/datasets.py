@@ -1,0 +1,198 @@
+"""Data sets for training and evaluation, behind one entry point: ``build_dataset``.
+
+Names (``DATASET_NAMES``):
+
+- ``pathfinder`` / ``pathfinder_scaled``: the procedurally generated long-range task of ``experiments.train.pathfinder``
+  (variant ``lra`` / ``scaled``), drawn natively at ``img_size``, 1 channel, no augmentation. Cached as .npz under
+  ``data_dir`` when given, else under ``experiments.train.pathfinder.default_cache_dir()``. The train split uses
+  generator seed ``2 * seed``, the test split ``2 * seed + 1``, so the two never share an image.
+- ``cifar10`` / ``cifar100``: torchvision's loaders reading ``data_dir``; they download there when online. Offline
+  with the files missing, a ``DatasetError`` says which folder and files to put where, or to use ``npz``.
+- ``npz``: a file at ``data_path`` with arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` (images uint8, HWC
+  or HW, labels integer), e.g. ``/work/shared/data/cifar10-subset.npz``. An optional ``classes`` array sets the
+  class count.
+- ``imagefolder``: a ``train/`` and ``val/`` tree of class folders at ``data_dir`` (torchvision ``ImageFolder``).
+
+Resizing is bilinear with antialiasing everywhere (``antialias=True``; it matters when shrinking). Arrays with no
+augmentation are resized once, as a whole, with ``torch.nn.functional.interpolate`` and kept as uint8 (normalised
+per item), unless the resized array would pass ``data_arrays._PRERESIZE_BYTES``, in which case each item is resized
+when read. With augmentation (natural images, train split, on by default) each image is augmented at its stored size
+(random crop with reflect padding of 1/8 of the side, horizontal flip, timm's RandAugment) and then resized, which
+keeps the CPU cost of a 32 px CIFAR image small whatever the model's size. ``imagefolder`` images have no common
+size: train uses ``RandomResizedCrop``, test a shorter-side resize and centre crop.
+
+Normalisation: CIFAR-10/100 use their published per-channel mean and std; ``npz`` and ``pathfinder`` compute them
+from their own train split (for the CIFAR-10 subset that lands within 0.01 of CIFAR's); ``imagefolder`` uses
+ImageNet's (timm's defaults), since computing them would mean decoding every image.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .data_arrays import (
+    DEFAULT_RAND_AUGMENT, ArrayDataset, AugmentedArrayDataset, DatasetBundle, DatasetError, _channel_stats,
+)
+from .data_files import CIFAR_STATS, _cifar, _imagefolder, _npz
+
+__all__ = [
+    "CIFAR_STATS",
+    "DATASET_NAMES",
+    "DEFAULT_RAND_AUGMENT",
+    "ArrayDataset",
+    "AugmentedArrayDataset",
+    "DatasetBundle",
+    "DatasetError",
+    "build_dataset",
+    "check_dataset_available",
+]
+
+DATASET_NAMES: tuple[str, ...] = ("pathfinder", "pathfinder_scaled", "cifar10", "cifar100", "npz", "imagefolder")
+PATHFINDER_DEFAULT_SAMPLES = (10_000, 2_000)  # (train, test) when not given
+
+
+def _pathfinder(
+    variant: str,
+    *,
+    img_size: int,
+    data_dir: str | Path | None,
+    seed: int,
+    train_samples: int | None,
+    test_samples: int | None,
+    workers: int | None,
+) -> DatasetBundle:
+    from .pathfinder import load_pathfinder, pathfinder_params
+
+    try:
+        params = pathfinder_params(img_size, variant)
+    except ValueError as err:
+        raise DatasetError(str(err)) from err
+    n_train = train_samples if train_samples is not None else PATHFINDER_DEFAULT_SAMPLES[0]
+    n_test = test_samples if test_samples is not None else PATHFINDER_DEFAULT_SAMPLES[1]
+    if n_train <= 0 or n_test <= 0 or seed < 0:
+        raise DatasetError(
+            f"pathfinder needs positive sample counts and a non-negative seed, got {n_train}, {n_test}, {seed}"
+        )
+    splits = []
+    for split, n in ((0, n_train), (1, n_test)):
+        data = load_pathfinder(n, img_size, variant=variant, seed=2 * seed + split, cache_dir=data_dir, workers=workers)
+        splits.append((torch.from_numpy(data.images)[:, None], torch.from_numpy(data.labels)))  # (N, 1, H, W)
+    mean, std = _channel_stats(splits[0][0].permute(0, 2, 3, 1).numpy())
+    train, test = (ArrayDataset(x, y, img_size, mean, std) for x, y in splits)
+    origin = f"LRA table row {params.defined_at} px" if variant == "lra" else "scaled scene"
+    description = (
+        f"pathfinder ({variant}, {origin}, contour {params.contour_length} paddles): {n_train} train / {n_test} test "
+        f"generated at {img_size} px (seeds {2 * seed}, {2 * seed + 1}), no resize; normalised with mean {mean} "
+        f"std {std} of the train split; no augmentation"
+    )
+    return DatasetBundle(
+        "pathfinder" if variant == "lra" else "pathfinder_scaled",
+        train, test, 2, 1, img_size, mean, std, False, description,
+    )
+
+
+
+
+def build_dataset(
+    name: str,
+    *,
+    img_size: int,
+    data_dir: str | Path | None = None,
+    data_path: str | Path | None = None,
+    seed: int = 0,
+    train_samples: int | None = None,
+    test_samples: int | None = None,
+    augment: bool | None = None,
+    rand_augment: str = DEFAULT_RAND_AUGMENT,
+    workers: int | None = None,
+) -> DatasetBundle:
+    """Build the train and test splits of a data set at one image size.
+
+    Args:
+        name: one of ``DATASET_NAMES``.
+        img_size: side of the square images yielded.
+        data_dir: cifar10/cifar100: their root folder; imagefolder: the folder with train/ and val/; pathfinder:
+            the cache folder (default ``experiments.train.pathfinder.default_cache_dir()``).
+        data_path: npz: the .npz file.
+        seed: subset choice and pathfinder generation.
+        train_samples: use this many training images (a seeded random subset; pathfinder: how many to generate,
+            default 10000).
+        test_samples: the same for the test split (pathfinder default 2000).
+        augment: augment the train split; None: on for natural images, off for pathfinder (which has none).
+        rand_augment: timm RandAugment config for natural images, "" for crop and flip only.
+        workers: processes for pathfinder generation (None: one per core).
+
+    Returns:
+        The ``DatasetBundle``.
+
+    Raises:
+        DatasetError: unknown name, or data missing or malformed; the message says what to do.
+    """
+    if name not in DATASET_NAMES:
+        raise DatasetError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    if int(img_size) != img_size or img_size < 1:
+        raise DatasetError(f"img_size must be a positive integer, got {img_size}")
+    img_size = int(img_size)
+    if name.startswith("pathfinder"):
+        if augment:
+            raise DatasetError("pathfinder takes no augmentation: leave augment unset or False")
+        variant = "lra" if name == "pathfinder" else "scaled"
+        return _pathfinder(
+            variant, img_size=img_size, data_dir=data_dir, seed=seed, train_samples=train_samples,
+            test_samples=test_samples, workers=workers,
+        )
+    augment = True if augment is None else bool(augment)
+    common = dict(
+        img_size=img_size, augment=augment, rand_augment=rand_augment, seed=seed, train_samples=train_samples,
+        test_samples=test_samples,
+    )
+    if name == "npz":
+        return _npz(data_path, **common)
+    if name == "imagefolder":
+        return _imagefolder(data_dir, **common)
+    return _cifar(name, data_dir, **common)
+
+
+def check_dataset_available(
+    name: str, *, data_dir: str | Path | None = None, data_path: str | Path | None = None
+) -> None:
+    """Fail early, before a sweep runs any point, when a data set cannot be built.
+
+    Cheap where it can be: the name is checked; ``npz`` opens the file and checks the array names without reading
+    them; ``imagefolder`` checks the folders. ``cifar10``/``cifar100`` load (downloading once when files are missing
+    and the machine is online, so that the points do not each try). ``pathfinder`` needs nothing (it is generated).
+
+    Args:
+        name: one of ``DATASET_NAMES``.
+        data_dir: as for ``build_dataset``.
+        data_path: as for ``build_dataset``.
+
+    Raises:
+        DatasetError: what is missing and what to do.
+    """
+    if name not in DATASET_NAMES:
+        raise DatasetError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    if name == "npz":
+        if data_path is None or not Path(data_path).is_file():
+            _npz(data_path)  # raises the message for a missing path or file
+        path = Path(data_path)
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f.files]
+        except (OSError, ValueError) as err:
+            raise DatasetError(f"{path} is not a readable .npz file ({err})") from err
+        if missing:
+            raise DatasetError(
+                f"{path} lacks the arrays {missing}; an npz data set needs x_train, y_train, x_test, y_test"
+            )
+    elif name == "imagefolder":
+        layout = "train/<class>/<image> and val/<class>/<image>"
+        if data_dir is None:
+            raise DatasetError(f"imagefolder needs data_dir (--data-dir=FOLDER) holding {layout}")
+        missing = [s + "/" for s in ("train", "val") if not (Path(data_dir) / s).is_dir()]
+        if missing:
+            raise DatasetError(f"imagefolder: {data_dir} lacks {' and '.join(missing)}; expected {layout}")
+    elif name in ("cifar10", "cifar100"):
+        _cifar(name, data_dir, img_size=32, augment=False, rand_augment="", seed=0, train_samples=1, test_samples=1)
