@@ -365,7 +365,8 @@ def scan_bwd(
         HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
         BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, CHUNK=CHUNK,
     )
-    dB, dC = dBC_part.sum(2).transpose(-1, -2)  # (B, N, L) each
+    # Summed apart so that dB and dC are separate tensors (an op's outputs must not alias each other).
+    dB, dC = (part.sum(1).transpose(-1, -2).contiguous() for part in dBC_part)  # (B, N, L) each
     return (
         du,
         ddelta,
