@@ -42,7 +42,7 @@ class VimMixer(TokenMixer):
         conv_bias: bias on the depthwise convs.
         bias: bias on in_proj and out_proj.
         scan_impl: selective-scan implementation, see `mixers.selective_scan.selective_scan` (`auto` picks
-            mamba-ssm's CUDA kernel where it runs, else the pure-PyTorch custom op).
+            mamba-ssm's CUDA kernel where it runs, else the Triton kernels on CUDA, else the pure-PyTorch custom op).
     """
 
     def __init__(

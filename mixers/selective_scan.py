@@ -6,7 +6,7 @@
 Shapes follow mamba-ssm's `selective_scan_fn`: `u, delta, z: (B, D, L)`, `A: (D, N)` real, `B, C: (B, N, L)`,
 `D, delta_bias: (D,)`. Inputs in fp16/bf16 are accumulated in float32 and the result is cast back to `u.dtype`.
 
-Four implementations:
+Five implementations:
 - `selective_scan_reference`: a float64 loop written for clarity; the independent reference of the tests.
 - `selective_scan_loop`: a loop over `unbind` slices with `addcmul`, differentiated by autograd; it keeps every
   state, so memory is O(B D L N).
@@ -15,6 +15,10 @@ Four implementations:
   reverse scan by hand, as mamba-ssm's kernel does. Counters see it as one op: `FlopCounterMode` through
   `register_flop_formula`, fvcore's jit trace as `mixerbench::selective_scan`.
 - mamba-ssm's `selective_scan_fn` (`mamba_ssm_cuda`), when it imports and the tensors are on CUDA.
+- Triton kernels (`triton`, the custom op `mixerbench::selective_scan_triton` in `selective_scan_triton.py`):
+  one program per sequence and block of channels, state in registers, a sequential walk over time; the backward
+  recomputes states from ones stored every 64 steps. Runs on CUDA tensors where triton imports, and on CPU
+  tensors only under Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
 
 On a CPU a sequential loop beats parallel (Blelloch, log-space) scans: less total work wins over fewer sequential
 steps, and stepping over `unbind` views keeps autograd's backward cheap (KERNELS.md).
@@ -31,10 +35,11 @@ from einops import rearrange
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from . import selective_scan_triton
 from .base import CUSTOM_OP_MACS
 
-ScanImpl = Literal["auto", "mamba_ssm_cuda", "torch_stream", "torch_loop"]
-SCAN_IMPLS: tuple[str, ...] = ("auto", "mamba_ssm_cuda", "torch_stream", "torch_loop")
+ScanImpl = Literal["auto", "mamba_ssm_cuda", "triton", "torch_stream", "torch_loop"]
+SCAN_IMPLS: tuple[str, ...] = ("auto", "mamba_ssm_cuda", "triton", "torch_stream", "torch_loop")
 
 # Elements of one (chunk, B, D, N) buffer; bounds the streaming path's memory (16 MiB in float32).
 _CHUNK_ELEMENTS = 1 << 22
@@ -428,7 +433,7 @@ def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
 _selective_scan_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-@register_flop_formula(torch.ops.mixerbench.selective_scan)
+@register_flop_formula([torch.ops.mixerbench.selective_scan, torch.ops.mixerbench.selective_scan_triton])
 def _selective_scan_flop_formula(
     u_shape: list[int], delta_shape: list[int], A_shape: list[int], *args, **kwargs
 ) -> int:
@@ -437,15 +442,17 @@ def _selective_scan_flop_formula(
 
 
 def _selective_scan_macs_from_shapes(shapes: list[tuple[int, ...] | None]) -> int:
-    """MACs of `mixerbench::selective_scan` from the shapes of its inputs (u first, A third), for fvcore."""
+    """MACs of a selective-scan op (`mixerbench::selective_scan` and the others taking the same inputs) from the
+    shapes of its inputs (u first, A third), for fvcore."""
     u_shape, A_shape = shapes[0], shapes[2]
     if u_shape is None or A_shape is None:
-        raise ValueError("mixerbench::selective_scan: the counter gave no shapes for u and A")
+        raise ValueError("selective scan op: the counter gave no shapes for u and A")
     batch, d_inner, length = u_shape
     return selective_scan_flops(batch, d_inner, length, A_shape[1]) // 2
 
 
 CUSTOM_OP_MACS["mixerbench::selective_scan"] = _selective_scan_macs_from_shapes
+CUSTOM_OP_MACS["mixerbench::selective_scan_triton"] = _selective_scan_macs_from_shapes
 # mamba-ssm's kernel is an autograd Function taking the same (u, delta, A, ...) inputs; a jit trace names it
 # prim::PythonOp.SelectiveScanFn, so fvcore counts it by the same formula on CUDA (not checked on a GPU yet).
 CUSTOM_OP_MACS["prim::PythonOp.SelectiveScanFn"] = _selective_scan_macs_from_shapes
@@ -467,8 +474,9 @@ def _mamba_ssm_selective_scan_fn() -> Callable[..., Tensor] | None:
 def resolve_scan_impl(impl: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
     """The implementation `selective_scan` runs for `impl` on tensors of `device` and `dtype`.
 
-    `auto` picks `mamba_ssm_cuda` for fp32/fp16/bf16 CUDA tensors when mamba-ssm imports, else `torch_stream`.
-    Raises if `mamba_ssm_cuda` is asked for where it cannot run.
+    `auto` picks, for fp32/fp16/bf16 CUDA tensors, `mamba_ssm_cuda` when mamba-ssm imports, else `triton` when
+    triton imports; everything else (CPU, float64) gets `torch_stream`. Raises if `mamba_ssm_cuda` or `triton` is
+    asked for where it cannot run (`triton` runs on CPU tensors only under `TRITON_INTERPRET=1`).
     """
     if impl not in SCAN_IMPLS:
         raise ValueError(f"unknown scan impl {impl!r}; choose one of {', '.join(SCAN_IMPLS)}")
@@ -477,8 +485,13 @@ def resolve_scan_impl(impl: str, device: torch.device, dtype: torch.dtype = torc
         and dtype in (torch.float32, torch.float16, torch.bfloat16)
         and _mamba_ssm_selective_scan_fn() is not None
     )
+    triton_problem = selective_scan_triton.triton_unavailable_reason(device, dtype)
     if impl == "auto":
-        return "mamba_ssm_cuda" if kernel_runs else "torch_stream"
+        if kernel_runs:
+            return "mamba_ssm_cuda"
+        return "triton" if device.type == "cuda" and triton_problem is None else "torch_stream"
+    if impl == "triton" and triton_problem is not None:
+        raise RuntimeError(f"scan impl 'triton' cannot run on {dtype} tensors on {device}: {triton_problem}")
     if impl == "mamba_ssm_cuda" and not kernel_runs:
         raise RuntimeError(
             f"scan impl 'mamba_ssm_cuda' needs fp32/fp16/bf16 CUDA tensors (got {dtype} on {device}) and an "
@@ -505,7 +518,8 @@ def selective_scan(
 
     Args:
         u, delta, A, B, C, D, z, delta_bias, delta_softplus: as `selective_scan_reference`.
-        impl: `auto` (mamba-ssm's kernel on CUDA when it imports, else `torch_stream`), `mamba_ssm_cuda`,
+        impl: `auto` (on CUDA mamba-ssm's kernel when it imports, else `triton`; `torch_stream` otherwise),
+            `mamba_ssm_cuda`, `triton` (the Triton kernels, op `mixerbench::selective_scan_triton`),
             `torch_stream` (the custom op `mixerbench::selective_scan`) or `torch_loop` (autograd through the loop).
 
     Returns:
@@ -515,6 +529,9 @@ def selective_scan(
     if name == "mamba_ssm_cuda":
         scan_fn = _mamba_ssm_selective_scan_fn()
         return scan_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus), name
+    if name == "triton":
+        y, _ = torch.ops.mixerbench.selective_scan_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+        return y, name
     if name == "torch_loop":
         return selective_scan_loop(u, delta, A, B, C, D, z, delta_bias, delta_softplus), name
     return torch.ops.mixerbench.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus), name

@@ -13,8 +13,13 @@ IQRs, speed-ups and the largest differences of outputs and gradients.
 (pip prepares the sdist's metadata, which imports torch: hence no build isolation, in an environment with torch)
 and pass `--mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1`. Without it only our scans are timed.
 
+With `--device cuda` it instead times the GPU implementations (`triton`, `torch_stream`, and `mamba_ssm_cuda`
+where mamba-ssm imports) forward and forward+backward over L = 1K..64K at a Vim-tiny-like B=1, D=384 (expand 2 x
+dim 192), N=16, in bf16 or fp32 (`--dtype`), and prints one table; see `bench_cuda`.
+
 Usage:
     python -m experiments.bench.scan --mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1 --num-threads 1
+    python -m experiments.bench.scan --device cuda --dtype bf16
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from pathlib import Path
 import torch
 from torch.utils.benchmark import Measurement, Timer
 
-from mixers.selective_scan import selective_scan, selective_scan_loop, selective_scan_reference
+from mixers.selective_scan import resolve_scan_impl, selective_scan, selective_scan_loop, selective_scan_reference
 
 GET_SOURCE = (
     "MAMBA_SKIP_CUDA_BUILD=TRUE pip download --no-deps --no-binary :all: --no-build-isolation "
@@ -102,6 +107,65 @@ def forward_and_grads(scan: Callable[..., torch.Tensor], inputs: dict, dy: torch
     return {"y": y.detach().double(), **{f"d{k}": g.double() for k, g in zip(leaves, grads)}}
 
 
+CUDA_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+def bench_cuda(
+    lengths: tuple[int, ...] = CUDA_LENGTHS,
+    *,
+    batch: int = 1,
+    channels: int = 384,
+    d_state: int = 16,
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 5,
+    block_seconds: float = 0.2,
+    stream_max_length: int = 8192,
+    seed: int = 0,
+) -> list[tuple[int, str, str, float, float]]:
+    """Times the selective scan's GPU implementations and prints a table of medians.
+
+    u, delta, B, C, z are in `dtype`; A, D, delta_bias stay float32 as in a Mamba layer. `torch_stream` steps in
+    Python and takes seconds at long L, so it is timed only up to `stream_max_length`.
+
+    Returns:
+        rows (L, implementation, pass, median ms, IQR ms).
+    """
+    impls = ["triton", "torch_stream"]
+    if resolve_scan_impl("auto", torch.device("cuda"), dtype) == "mamba_ssm_cuda":
+        impls.insert(0, "mamba_ssm_cuda")
+    print(f"selective scan on {torch.cuda.get_device_name()}, B={batch} D={channels} N={d_state}, {dtype} inputs, "
+          f"with D, z, delta_bias, softplus; torch {torch.__version__}; implementations: {', '.join(impls)}\n")
+    rows = []
+    for length in lengths:
+        cpu_inputs = make_inputs(batch, channels, length, d_state, seed)
+        inputs = {k: (v.cuda().to(dtype) if k in ("u", "delta", "B", "C", "z") else v.cuda())
+                  if isinstance(v, torch.Tensor) else v for k, v in cpu_inputs.items()}
+        dy = torch.randn(batch, channels, length, device="cuda", dtype=dtype)
+        for impl in impls:
+            if impl == "torch_stream" and length > stream_max_length:
+                continue
+            leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+            def forward(impl=impl) -> None:
+                with torch.no_grad():
+                    selective_scan(**inputs, impl=impl)
+
+            def forward_backward(impl=impl, leaves=leaves) -> None:
+                y, _ = selective_scan(**{**inputs, **leaves}, impl=impl)
+                torch.autograd.grad(y, list(leaves.values()), dy)
+
+            for pass_name, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
+                m = time_it(fn, 1, repeats, block_seconds)
+                rows.append((length, impl, pass_name, m.median * 1e3, m.iqr * 1e3))
+        torch.cuda.empty_cache()
+
+    print(f"| {'L':>6} | {'implementation':<15} | {'pass':<7} | {'median ms':>9} | {'IQR ms':>7} |")
+    print(f"|{'-' * 8}|{'-' * 17}|{'-' * 9}|{'-' * 11}|{'-' * 9}|")
+    for length, impl, pass_name, ms, iqr in rows:
+        print(f"| {length:>6} | {impl:<15} | {pass_name:<7} | {ms:9.3f} | {iqr:7.3f} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Time our pure-PyTorch selective scan against mamba-ssm's selective_scan_ref (CPU, fp32): "
@@ -121,7 +185,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-seconds", type=float, default=0.3, help="target length of one timed block")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-float64", action="store_true", help="skip the float64 reference (slow at large L)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: time the GPU implementations over L = 1K..64K instead (see bench_cuda)")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="input dtype with --device cuda")
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        bench_cuda(dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32, seed=args.seed)
+        return
 
     torch.set_num_threads(args.num_threads)
     inputs = make_inputs(args.batch, args.channels, args.length, args.d_state, args.seed)
