@@ -8,6 +8,7 @@ writes into the sweep folder:
     tables/exponents.{csv,md,tex}    fitted scaling exponent k of cost ~ N^k per mixer and metric
     tables/crossovers.{csv,md,tex}   token count where each mixer becomes cheaper than attention(_naive)
     tables/accuracy.{csv,md,tex}     accuracy of each trained point with its cost, when a point trained
+    tables/claims.{csv,md,tex}       with --claims: a paper's claimed factors beside the measured ones, with verdicts
     figures/wall*.{png,pdf}          latency, memory and GMACs against tokens (training step in wall_train*)
     figures/patch_resolution*        the same N reached by different (image, patch) pairs, with >1 patch size
     figures/accuracy_cost*           accuracy against GMACs and latency with the Pareto front, with accuracy
@@ -18,7 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .build import ReportError, build_report, write_headline
+from .build import ReportError, build_report, load_runs, write_headline
+from .claims import ClaimsError, write_claims
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +30,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=None, metavar="README.md",
                         help="also write this sweep's headline (wall figure, exponents, crossovers) between the "
                         "headline markers of this Markdown file")
+    parser.add_argument("--claims", default=None, metavar="NAME|PATH",
+                        help="also check published claims against this sweep: a file of experiments/report/claims/ "
+                        "(e.g. vim_1248) or a TOML path; adds tables/claims.* and a section to summary.md")
     args = parser.parse_args(argv)
     try:
         written = build_report(args.sweep_dir)
+        if args.claims:
+            sweep_dir = args.sweep_dir.parent if args.sweep_dir.is_file() else args.sweep_dir
+            claim_files, section = write_claims(load_runs(sweep_dir / "runs.csv"), args.claims, sweep_dir / "tables")
+            summary = sweep_dir / "summary.md"
+            summary.write_text(summary.read_text(encoding="utf-8") + "\n" + section, encoding="utf-8")
+            written += claim_files
         if args.readme:
             write_headline(args.readme, args.sweep_dir)
-    except ReportError as error:
+    except (ReportError, ClaimsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"wrote {len(written)} files; see {args.sweep_dir / 'summary.md'}")

@@ -333,11 +333,15 @@ def _legend_columns(labels: list[str], width_in: float, handle_in: float, font_p
     return 1
 
 
-def _mixer_legend(fig: Figure, mixers: list[str], width_in: float, linestyles: bool = True) -> None:
-    """The mixers' key at the top of the figure, wrapped to its width; solid lines when style means else."""
+def _mixer_legend(fig: Figure, mixers: list[str], width_in: float, linestyles: bool = True, title: str = "") -> None:
+    """The mixers' key at the top of the figure, wrapped to its width; solid lines when style means else.
+
+    The facet's title heads the key: as a suptitle it would share the top band with the key and overlap it.
+    """
     handles = [_mixer_handle(m, linestyle=mixer_style(m).linestyle if linestyles else "-") for m in mixers]
     fig.legend(handles=handles, loc="outside upper center", frameon=False, handlelength=2.6,
-               ncol=_legend_columns(mixers, width_in, handle_in=2.6 * 7 / 72))
+               ncol=_legend_columns(mixers, width_in, handle_in=2.6 * 7 / 72), title=title or None,
+               title_fontsize=8.5)
 
 
 def _mixer_handle(mixer: str, linestyle: str | tuple) -> Line2D:

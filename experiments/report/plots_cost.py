@@ -75,9 +75,7 @@ def _wall_figure(facet: Facet, panels: tuple[tuple[str, str], ...], exponents: p
         _plain_labels(ax.yaxis)
         ax.set_ylabel(label)
         _exponent_key(key_ax, fitted, mixers)
-    if facet.title:
-        fig.suptitle(facet.title, fontsize=8.5)
-    _mixer_legend(fig, mixers, width)
+    _mixer_legend(fig, mixers, width, title=facet.title)
     _notes_legend(fig, failures, reference, panels, len(mixers))
     return fig
 
@@ -195,9 +193,7 @@ def patch_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
         for ax, (x, y, data) in zip(axes, panels):
             _draw_patch_panel(ax, data, x, y, patches)
-        if facet.title:
-            fig.suptitle(facet.title, fontsize=8.5)
-        _mixer_legend(fig, sorted(set(points["mixer"]), key=mixer_rank), width, linestyles=False)
+        _mixer_legend(fig, sorted(set(points["mixer"]), key=mixer_rank), width, linestyles=False, title=facet.title)
         handles = [Line2D([], [], color="0.2", linestyle=_PATCH_LINESTYLES[i % 4], marker="o",
                           markerfacecolor="0.2" if i == 0 else "white", label=f"patch {p} px")
                    for i, p in enumerate(patches)]

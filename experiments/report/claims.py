@@ -1,0 +1,121 @@
+"""Published claims beside what a sweep measured: one row per claim, reference and batch, with a verdict.
+
+A claims file (experiments/report/claims/<name>.toml, or any TOML path) quotes a paper's factor or saving;
+the measured side comes from the sweep's runs.csv alone, like every other table of the report.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from . import tables as report_tables
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CLAIMS_DIR = Path(__file__).parent / "claims"
+
+
+class ClaimsError(ValueError):
+    """A claims file that cannot be read; the message says what to fix."""
+
+
+def load_claims(name_or_path: str) -> tuple[str, list[dict]]:
+    """(source, claims) of a named claims file or a TOML path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CLAIMS_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CLAIMS_DIR.glob("*.toml")))
+        raise ClaimsError(f"no claims file {name_or_path!r}; named ones: {known}, or give a .toml path")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ClaimsError(f"{path}: not valid UTF-8 TOML ({error})") from None
+    claims = data.get("claims")
+    if not isinstance(claims, list) or not claims:
+        raise ClaimsError(f"{path}: needs one or more [[claims]] tables")
+    for index, claim in enumerate(claims):
+        missing = {"text", "metric", "mixer", "references", "img_size"} - set(claim)
+        if missing or ("factor" in claim) == ("saving" in claim):
+            raise ClaimsError(f"{path}: claims[{index}] needs text, metric, mixer, references, img_size and "
+                              f"exactly one of factor or saving (missing: {', '.join(sorted(missing)) or 'none'})")
+    return str(data.get("source", "")), claims
+
+
+def verdict(measured: float, claimed: float) -> str:
+    """How a measured advantage (a factor > 1 or a saving > 0 means the mixer wins) compares with the claim."""
+    if measured >= claimed:
+        return "holds"
+    if (claimed > 1 and measured > 1) or (claimed < 1 and measured > 0):
+        return "same direction, smaller"
+    return "does not hold"
+
+
+def claims_table(runs: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
+    """One row per claim x reference mixer x batch size found in `runs` (ok rows only)."""
+    ok = runs[runs["status"] == "ok"]
+    rows = []
+    for claim in claims:
+        metric, size = claim["metric"], claim["img_size"]
+        at_size = ok[ok["img_size"] == size]
+        for reference in claim["references"]:
+            for batch in sorted(set(at_size["batch_size"])):
+                here = at_size[at_size["batch_size"] == batch].set_index("mixer")[metric]
+                if claim["mixer"] not in here or reference not in here:
+                    continue
+                mine, theirs = float(here[claim["mixer"]]), float(here[reference])
+                if "factor" in claim:
+                    claimed, measured, kind = claim["factor"], theirs / mine, "factor"
+                else:
+                    claimed, measured, kind = claim["saving"], 1 - mine / theirs, "saving"
+                rows.append({
+                    "claim": claim["text"], "metric": metric, "img_size": size, "batch_size": int(batch),
+                    "mixer": claim["mixer"], "reference": reference, "mixer_value": mine,
+                    "reference_value": theirs, "kind": kind, "claimed": claimed, "measured": measured,
+                    "verdict": verdict(measured, claimed),
+                })
+    return pd.DataFrame(rows)
+
+
+def _display(numeric: pd.DataFrame) -> pd.DataFrame:
+    def advantage(kind: str, value: float) -> str:
+        if kind == "factor":
+            return f"{value:.2f}x"
+        return f"{100 * value:.1f}% less" if value >= 0 else f"{-100 * value:.1f}% more"
+
+    return pd.DataFrame({
+        "Claim": numeric["claim"],
+        "Batch": numeric["batch_size"],
+        "Against": numeric["reference"],
+        "Mixer": [report_tables.fmt_number(v) for v in numeric["mixer_value"]],
+        "Reference": [report_tables.fmt_number(v) for v in numeric["reference_value"]],
+        "Claimed": [advantage(k, v) for k, v in zip(numeric["kind"], numeric["claimed"])],
+        "Measured": [advantage(k, v) for k, v in zip(numeric["kind"], numeric["measured"])],
+        "Verdict": numeric["verdict"],
+    })
+
+
+def write_claims(runs: pd.DataFrame, name_or_path: str, tables_dir: Path) -> tuple[list[Path], str]:
+    """Writes tables/claims.{csv,md,tex}; returns the files and a Markdown section for the summary."""
+    source, claims = load_claims(name_or_path)
+    numeric = claims_table(runs, claims)
+    if numeric.empty:
+        raise ClaimsError(f"no ok rows of runs.csv match the claims of {name_or_path!r} (mixers and image size)")
+    caption = f"Published claims beside this sweep's measurements. Source of the claims: {source}"
+    paths = report_tables.write_table(numeric, _display(numeric), tables_dir / "claims", caption)
+    section = "\n".join([
+        "## Published claims",
+        "",
+        f"Claims quoted from: {source}. Measured values (median latency in ms; peak memory in MiB above the "
+        "baseline, so weights excluded) come from runs.csv; a factor is reference / mixer, a saving is 1 - mixer / reference. Verdict: holds (measured >= claimed), same "
+        "direction, smaller, or does not hold.",
+        "",
+        report_tables.to_markdown(_display(numeric)),
+        "",
+    ])
+    return paths, section
