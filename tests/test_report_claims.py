@@ -60,3 +60,22 @@ def test_bad_claims_files_name_the_fix(tmp_path: Path, text: str, fragment: str)
 def test_unknown_claims_name_lists_the_known_ones() -> None:
     with pytest.raises(ClaimsError, match="vim_1248"):
         load_claims("no_such_claims")
+
+
+def test_named_headline_section_leaves_the_default_one(tmp_path: Path) -> None:
+    import shutil
+
+    from experiments.report.build import ReportError, write_headline
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    shutil.copy(Path(__file__).parents[1] / "results" / "vim_1248_h100" / "runs.csv", sweep / "runs.csv")
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- headline:start -->cpu<!-- headline:end -->\n"
+                      "<!-- headline:gpu:start -->old<!-- headline:gpu:end -->\n")
+    write_headline(readme, sweep, "gpu")
+    text = readme.read_text()
+    assert "<!-- headline:start -->cpu<!-- headline:end -->" in text
+    assert "old" not in text and "--headline gpu" in text and "NVIDIA" in text
+    with pytest.raises(ReportError, match="headline:tpu:start"):
+        write_headline(readme, sweep, "tpu")

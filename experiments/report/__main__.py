@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=None, metavar="README.md",
                         help="also write this sweep's headline (wall figure, exponents, crossovers) between the "
                         "headline markers of this Markdown file")
+    parser.add_argument("--headline", default="", metavar="NAME",
+                        help="with --readme: write between <!-- headline:NAME:start/end --> instead of the default "
+                        "markers (the README keeps a CPU and a GPU headline)")
     parser.add_argument("--claims", default=None, metavar="NAME|PATH",
                         help="also check published claims against this sweep: a file of experiments/report/claims/ "
                         "(e.g. vim_1248) or a TOML path; adds tables/claims.* and a section to summary.md")
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             summary.write_text(summary.read_text(encoding="utf-8") + "\n" + section, encoding="utf-8")
             written += claim_files
         if args.readme:
-            write_headline(args.readme, args.sweep_dir)
+            write_headline(args.readme, args.sweep_dir, args.headline)
     except (ReportError, ClaimsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
