@@ -16,8 +16,8 @@ Five implementations:
   `register_flop_formula`, fvcore's jit trace as `mixerbench::selective_scan`.
 - mamba-ssm's `selective_scan_fn` (`mamba_ssm_cuda`), when it imports and the tensors are on CUDA.
 - Triton kernels (`triton`, the custom op `mixerbench::selective_scan_triton` in `selective_scan_triton.py`):
-  one program per sequence and block of channels, state in registers, a sequential walk over time; the backward
-  recomputes states from ones stored every 64 steps. Runs on CUDA tensors where triton imports, and on CPU
+  one program per sequence, block of channels and chunk of time steps, state in registers; chunks scan from a
+  zero state in parallel and a short sequential pass combines their carries (forward and backward alike). Runs on CUDA tensors where triton imports, and on CPU
   tensors only under Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
 
 On a CPU a sequential loop beats parallel (Blelloch, log-space) scans: less total work wins over fewer sequential

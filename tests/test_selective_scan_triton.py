@@ -29,6 +29,9 @@ KERNEL_CASES = {
     "no_options": (2, 10, 45, 5, 16, 8, False, False, False, False),
     "D_bias_no_softplus": (1, 10, 45, 5, 16, 8, True, False, True, False),
     "z_softplus_no_bias": (1, 10, 45, 5, 16, 8, False, True, False, True),
+    # 6 chunks of 8 (the last of 5) x 2 blocks x 2 sequences = 24 tiles: the persistent backward's 4 programs
+    # take 6 tiles each, and the carries cross 5 chunk edges.
+    "many_chunks": (2, 10, 45, 5, 8, 8, True, True, True, True),
 }
 # Through `selective_scan(impl="triton")` (the custom op and its autograd) with the default chunk and block; the
 # bf16 case is long enough (L = 300, 7200 outputs) for an element-wise check to see a bad tail.
