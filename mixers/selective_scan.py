@@ -16,8 +16,8 @@ Five implementations:
   `register_flop_formula`, fvcore's jit trace as `mixerbench::selective_scan`.
 - mamba-ssm's `selective_scan_fn` (`mamba_ssm_cuda`), when it imports and the tensors are on CUDA.
 - Triton kernels (`triton`, the custom op `mixerbench::selective_scan_triton` in `selective_scan_triton.py`):
-  one program per sequence and block of channels, state in registers, a sequential walk over time; the backward
-  recomputes states from ones stored every 64 steps. Runs on CUDA tensors where triton imports, and on CPU
+  one program per sequence, block of channels and chunk of time steps, state in registers; chunks scan from a
+  zero state in parallel and a short sequential pass combines their carries (forward and backward alike). Runs on CUDA tensors where triton imports, and on CPU
   tensors only under Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
 
 On a CPU a sequential loop beats parallel (Blelloch, log-space) scans: less total work wins over fewer sequential
@@ -476,10 +476,17 @@ def resolve_scan_impl(impl: str, device: torch.device, dtype: torch.dtype = torc
 
     `auto` picks, for fp32/fp16/bf16 CUDA tensors, `mamba_ssm_cuda` when mamba-ssm imports, else `triton` when
     triton imports; everything else (CPU, float64) gets `torch_stream`. Raises if `mamba_ssm_cuda` or `triton` is
-    asked for where it cannot run (`triton` runs on CPU tensors only under `TRITON_INTERPRET=1`).
+    asked for where it cannot run (`triton` runs on CPU tensors only under `TRITON_INTERPRET=1`). On the meta
+    device (shapes only, for counting) `triton`, `torch_stream` and `torch_loop` stand, and `auto` and
+    `mamba_ssm_cuda` give `torch_stream`: its op has a fake and the same flop formula as mamba-ssm's kernel.
     """
     if impl not in SCAN_IMPLS:
         raise ValueError(f"unknown scan impl {impl!r}; choose one of {', '.join(SCAN_IMPLS)}")
+    if device.type == "meta":
+        # Shape only (counting builds the model on meta): nothing runs, so nothing needs CUDA or triton. `triton`
+        # keeps its op (it has a fake and the flop formula); mamba-ssm's kernel has no meta implementation, so
+        # `mamba_ssm_cuda` (and `auto`) count through `torch_stream`'s op, which has the same formula.
+        return impl if impl in ("triton", "torch_stream", "torch_loop") else "torch_stream"
     kernel_runs = (
         device.type == "cuda"
         and dtype in (torch.float32, torch.float16, torch.bfloat16)

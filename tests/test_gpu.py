@@ -70,7 +70,10 @@ def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype, rtol: float, ato
     )
     low = {k: (v.cuda().to(dtype) if k in ("u", "delta", "B", "C", "z") else v.cuda()).requires_grad_()
            for k, v in inputs.items()}
-    ref = {k: v.cuda().requires_grad_() for k, v in inputs.items()}
+    # Like with like (as mamba-ssm's tests): the reference gets the same rounded values, upcast to float32.
+    # Against the unrounded float32 inputs, bf16's 2^-9 input rounding alone moves y past atol 5e-2 somewhere
+    # among 2 x 64 x 4096 outputs (greatest relative difference 2.16 at L = 4096 on an H100).
+    ref = {k: v.detach().float().requires_grad_() for k, v in low.items()}
     y, impl = selective_scan(**low, delta_softplus=True, impl="mamba_ssm_cuda")
     y_ref, _ = selective_scan(**ref, delta_softplus=True, impl="torch_stream")
     assert impl == "mamba_ssm_cuda"
@@ -96,7 +99,10 @@ def test_triton_kernel_matches_pure_scan(dtype: torch.dtype) -> None:
     )
     low = {k: (v.cuda().to(dtype) if k in ("u", "delta", "B", "C", "z") else v.cuda()).requires_grad_()
            for k, v in inputs.items()}
-    ref = {k: v.cuda().requires_grad_() for k, v in inputs.items()}
+    # Like with like (as mamba-ssm's tests): the reference gets the same rounded values, upcast to float32.
+    # Against the unrounded float32 inputs, bf16's 2^-9 input rounding alone moves y past atol 5e-2 somewhere
+    # among 2 x 64 x 4096 outputs (greatest relative difference 2.16 at L = 4096 on an H100).
+    ref = {k: v.detach().float().requires_grad_() for k, v in low.items()}
     y, impl = selective_scan(**low, delta_softplus=True, impl="triton")
     y_ref, _ = selective_scan(**ref, delta_softplus=True, impl="torch_stream")
     assert impl == "triton" and y.dtype == dtype

@@ -152,3 +152,22 @@ def test_rejects_bad_options() -> None:
         build(scan_impl="nope")
     with pytest.raises(ValueError, match="dt_rank"):
         build(dt_rank=0)
+
+
+@pytest.mark.parametrize("scan_impl", ["triton", "mamba_ssm_cuda", "auto"])
+def test_meta_device_counts_like_torch_stream(scan_impl: str) -> None:
+    """Counting builds models on the meta device: every scan_impl counts there (no CUDA, no triton needed), and
+    FlopCounterMode gives the same FLOPs as scan_impl='torch_stream'."""
+    grid = (5, 13)
+    flops = {}
+    for impl in (scan_impl, "torch_stream"):
+        with torch.device("meta"):
+            mixer = build(scan_impl=impl)
+            x = torch.empty(2, grid[0] * grid[1], DIM)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            out = mixer(x, grid)
+        assert out.device.type == "meta" and out.shape == x.shape
+        flops[impl] = counter.get_total_flops()
+        ops = {str(op) for op in counter.get_flop_counts()["Global"]}
+        assert ("mixerbench.selective_scan_triton" if impl == "triton" else "mixerbench.selective_scan") in ops
+    assert flops[scan_impl] == flops["torch_stream"] == 2 * build().macs(grid) * 2

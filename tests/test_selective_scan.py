@@ -9,6 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from mixers.base import CUSTOM_OP_MACS
 from mixers.selective_scan import (
+    SCAN_IMPLS,
     resolve_scan_impl,
     selective_scan,
     selective_scan_flops,
@@ -182,5 +183,8 @@ def test_impl_resolution_on_cpu() -> None:
         resolve_scan_impl("mamba_ssm_cuda", cpu)
     with pytest.raises(ValueError, match="unknown scan impl"):
         resolve_scan_impl("cuda_magic", cpu)
+    meta = torch.device("meta")  # shapes only: routed to ops with fakes and the flop formula
+    assert [resolve_scan_impl(i, meta) for i in SCAN_IMPLS] == [
+        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop"]
     _, name = selective_scan(**make_inputs(length=3))
     assert name == "torch_stream"
