@@ -254,7 +254,8 @@ def _setup_lines(runs: pd.DataFrame) -> list[str]:
     lines = [f"- Mixers ({len(mixers)}): {', '.join(mixers)}"]
     model = f"preset {_values(runs['preset'])}"
     overrides = sorted(set(runs["overrides"]) - {"", "{}"})
-    lines.append(f"- Model: {model}, " + (f"overrides {'; '.join(overrides)}" if overrides else "no overrides"))
+    plain = " and none" if overrides and set(runs["overrides"]) & {"", "{}"} else ""
+    lines.append(f"- Model: {model}, " + (f"overrides {'; '.join(overrides)}{plain}" if overrides else "no overrides"))
     points = cost_points(runs, [])
     ok = int((points["status"] == "ok").sum())
     tokens = sorted(points["tokens"].unique())
