@@ -158,6 +158,23 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _count_fvcore_or_note(model: ViT, device: torch.device, row: dict) -> None:
+    """fvcore's MACs for one image, traced in float32 on the point's device.
+
+    The trace runs a real forward, which can need more memory than the measured one (float32, and after the
+    training step): running out there leaves `macs` empty with a note, and the latency already measured stands.
+    """
+    try:
+        with torch.no_grad():
+            example = torch.randn(1, model.in_chans, *model.img_size, device=device)
+            row["macs"] = fvcore_macs(model.eval().float(), example)
+    except Exception as error:  # noqa: BLE001
+        if not is_out_of_memory(error):
+            raise
+        row["error"] = "; ".join(filter(None, [row["error"], "fvcore count: out of memory (macs left empty)"]))
+        _free(device)
+
+
 def describe_without_running(point: Point) -> dict[str, object]:
     """The columns known from the configuration alone (a meta-device model: no memory), for rows of points
     that never reported (killed, timed out, skipped)."""
@@ -189,9 +206,7 @@ def measure_point(point: Point) -> dict[str, object]:
             if train_oom:  # inference results stand; the training wall is its own data point
                 row["train_status"], row["error"] = "oom", f"train step: {train_oom}"
                 _free(device)
-        with torch.no_grad():
-            example = torch.randn(1, model.in_chans, *model.img_size, device=device)
-            row["macs"] = fvcore_macs(model.eval().float(), example)
+        _count_fvcore_or_note(model, device, row)
         del model
         if point.epochs > 0:
             row.update(train_point(point, device, dtype))
