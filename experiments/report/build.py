@@ -26,7 +26,7 @@ from .crossover import (
 )
 
 # Key columns added after the first sweeps were recorded, with the value an older runs.csv implies.
-OPTIONAL_KEYS: dict[str, str] = {"train": "{}"}
+OPTIONAL_KEYS: dict[str, str] = {"train": "{}", "compile": ""}
 
 # Without these a point cannot be placed or its costs read: the rest of the schema is optional.
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPTIONAL_KEYS) + (
@@ -34,7 +34,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPT
 
 # Schema columns that hold text (JSON included); every other schema column is numeric.
 TEXT_COLUMNS: frozenset[str] = frozenset({
-    "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "impl", "status", "error",
+    "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "compile", "impl", "status", "error",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
     "python_version", "timestamp",
 })
