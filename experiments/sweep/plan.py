@@ -195,16 +195,16 @@ class Planner:
 def calibration_points(points: list[Point], have: list[tuple[Point, dict]]) -> list[Point]:
     """Two small sizes of each mixer setting that the rows at hand do not already cover with three sizes: the
     smallest and the one half way up its list (never its largest, which may be slow). Until a mixer has three
-    sizes of its own, its rates come from the fit pooled over mixers (fixed cost per mixer), refined as rows
-    arrive."""
+    sizes of its own, its rates come from one fit pooled over every mixer's rows, and its own fit takes over
+    as rows arrive."""
     covered: dict[str, set[int]] = {}
     for point, _ in have:
         covered.setdefault(CostModel.group(point), set()).add(point.tokens * point.batch_size)
     chosen: dict[tuple, Point] = {}
     by_group: dict[tuple, list[Point]] = {}
     for p in points:
-        p = dataclasses.replace(p, epochs=0, dataset="", train="{}", checkpoint_dir="", measure_train_step=True,
-                                timing=CALIBRATION_TIMING, batch_size=1)
+        p = dataclasses.replace(p, epochs=0, dataset="", train="{}", checkpoint_dir="", timing=CALIBRATION_TIMING,
+                                batch_size=1, measure_train_step=any(q.measure_train_step for q in points))
         by_group.setdefault((CostModel.group(p), p.preset, p.overrides), []).append(p)
     for (group, _, _), group_points in by_group.items():
         if len(covered.get(group, ())) >= 3:
@@ -239,15 +239,17 @@ def calibrate_worker(job: CalibrationJob) -> dict:
                 row = measure_point(point)
                 if row.get("status") != "ok":
                     continue
-                timed = (protocol_seconds(row["latency_ms"], point.timing)
-                         + protocol_seconds(row["train_step_ms"], point.timing))
+                timed = protocol_seconds(row["latency_ms"], point.timing)
+                if point.measure_train_step:
+                    timed += protocol_seconds(row["train_step_ms"], point.timing)
                 row["overhead_s"] = max(float(row["point_seconds"]) - timed, 0.0)
                 seen.add(group)
             else:
                 device, dtype = torch.device(point.device), DTYPES[point.dtype]
                 model = build_model(point)
-                row = {**measure_inference(model, point, dtype, device),
-                       **measure_train_step(model, point, dtype, device)}
+                row = measure_inference(model, point, dtype, device)
+                if point.measure_train_step:
+                    row.update(measure_train_step(model, point, dtype, device))
         except Exception:  # noqa: BLE001 - a size that fails here is simply not used to calibrate
             continue
         rows.append({**{k: getattr(point, k) for k in ("mixer", "preset", "img_size", "patch_size", "batch_size",
