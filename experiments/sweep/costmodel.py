@@ -152,6 +152,14 @@ class CostModel:
         """Fits every target of every group that has measured values; `samples` pairs a point with its row."""
         model = cls(sources=list(sources or []))
         by_target: dict[str, list[tuple[str, Work, float]]] = {t: [] for t in TARGETS}
+        samples = list(samples)
+        # A calibration run is a stand-in: once a group has rows of real points at two sizes or more, those
+        # alone are fitted (same protocol, same process start as the points still to come).
+        real: dict[str, set[int]] = {}
+        for point, row in samples:
+            if not row.get("calibration"):
+                real.setdefault(cls.group(point), set()).add(point.tokens * point.batch_size)
+        samples = [(p, r) for p, r in samples if not (r.get("calibration") and len(real.get(cls.group(p), ())) >= 2)]
         for point, row in samples:
             w = work(point)
             for target in TARGETS:

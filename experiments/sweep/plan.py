@@ -16,7 +16,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +94,7 @@ class Planner:
     # calibration -------------------------------------------------------------------------------------------------
     @classmethod
     def build(cls, points: list[Point], runs_path: Path, *, extra_runs: list[Path] = (),
-              calibrate: bool = True, log: Callable[[str], None] = print) -> Planner:
+              calibrate: bool = True, calibration_s: float = math.inf) -> Planner:
         """Fits the cost model to the best rows there are for `points` (see the module docstring)."""
         devices = {p.device for p in points}
         here = {d for d in devices if _device_here(d)}
@@ -113,7 +113,7 @@ class Planner:
             calibration = calibration_points(missing_here, samples)
             if calibration:
                 started = time.perf_counter()
-                rows, measured_gap = run_calibration(calibration)
+                rows, measured_gap = run_calibration(calibration, calibration_s)
                 samples += [(point_from_row(r), r) for r in rows]
                 sources.append(f"calibration run here: {len(rows)} small points in {time.perf_counter() - started:.1f} s")
                 gap_s = gap_s if gap_s is not None else measured_gap
@@ -210,9 +210,9 @@ def calibration_points(points: list[Point], have: list[tuple[Point, dict]]) -> l
         if len(covered.get(group, ())) >= 3:
             continue
         sizes = sorted({p.tokens: p for p in group_points}.values(), key=lambda p: p.tokens)
-        for index in sorted({0, len(sizes) // 2}):
-            chosen.setdefault(sizes[index].key, sizes[index])
-    return list(chosen.values())
+        for rank, index in enumerate(sorted({0, len(sizes) // 2})):
+            chosen.setdefault(sizes[index].key, (rank, len(chosen), sizes[index]))
+    return [p for _, _, p in sorted(chosen.values(), key=lambda c: c[:2])]  # every mixer's smallest first
 
 
 @dataclass(frozen=True)
@@ -221,6 +221,7 @@ class CalibrationJob:
 
     points: tuple[Point, ...] = ()
     memory_limit_mb: int = 0
+    seconds: float = math.inf  # start no point after this long
 
 
 def calibrate_worker(job: CalibrationJob) -> dict:
@@ -232,7 +233,10 @@ def calibrate_worker(job: CalibrationJob) -> dict:
     from ..measure.run import DTYPES, build_model, measure_inference, measure_point, measure_train_step
 
     rows, seen = [], set()
+    started = time.perf_counter()
     for point in job.points:
+        if time.perf_counter() - started > job.seconds:
+            break
         group = (CostModel.group(point), point.preset, point.overrides)
         try:
             if group not in seen:
@@ -252,7 +256,7 @@ def calibrate_worker(job: CalibrationJob) -> dict:
                     row.update(measure_train_step(model, point, dtype, device))
         except Exception:  # noqa: BLE001 - a size that fails here is simply not used to calibrate
             continue
-        rows.append({**{k: getattr(point, k) for k in ("mixer", "preset", "img_size", "patch_size", "batch_size",
+        rows.append({"calibration": "1", **{k: getattr(point, k) for k in ("mixer", "preset", "img_size", "patch_size", "batch_size",
                                                         "device", "dtype", "overrides")}, **row})
     return {"status": "ok", "rows": rows}
 
@@ -261,14 +265,16 @@ def _noop(_: CalibrationJob) -> dict:
     return {"status": "ok"}
 
 
-def run_calibration(points: list[Point]) -> tuple[list[dict], float]:
-    """The calibration rows, measured in an isolated child, and the cost of starting one point's process."""
+def run_calibration(points: list[Point], seconds: float = math.inf) -> tuple[list[dict], float]:
+    """The calibration rows, measured in an isolated child that starts no point after `seconds`, and the cost of
+    starting one point's process."""
     from .isolation import run_isolated
 
     started = time.perf_counter()
     run_isolated(_noop, CalibrationJob(), 60)
     gap_s = time.perf_counter() - started
-    result = run_isolated(calibrate_worker, CalibrationJob(tuple(points)), max(60.0, 30.0 * len(points)))
+    limit = min(max(60.0, 30.0 * len(points)), 3 * seconds + 30.0)
+    result = run_isolated(calibrate_worker, CalibrationJob(tuple(points), seconds=seconds), limit)
     return [{k: str(v) for k, v in r.items()} for r in result.get("rows", [])], gap_s
 
 
