@@ -173,8 +173,9 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
         for row in done.values():
             wall.add(row)
     budget = Budget(budget_minutes, planner, started or time.monotonic()) if budget_minutes and planner else None
-    if budget:
-        todo = budget_order(todo, {p.key: planner.predict(p) for p in todo})
+    if budget:  # ordered over the whole sweep, so a resumed run continues the same sequence
+        pending = {p.key for p in todo}
+        todo = [p for p in budget_order(points, {p.key: planner.predict(p) for p in points}) if p.key in pending]
     wanted_train_step = {p.key: p.measure_train_step for p in todo}
     launcher = make_launcher(config, slurm_partition)
     bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
