@@ -19,7 +19,11 @@ KEY_COLUMNS: tuple[str, ...] = (
     "epochs",  # 0: cost only
     "seed",
     "train",  # JSON of the training recipe fields set by the config ("{}" when epochs is 0 or all defaults)
+    "compile",  # torch.compile mode ("default", "max-autotune", ...); "" for eager, as in files older than it
 )
+
+# Key columns added after runs.csv files were written, with the value a row that lacks them means.
+OPTIONAL_KEY_COLUMNS: dict[str, str] = {"compile": ""}
 
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     # what was built
@@ -75,6 +79,12 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "gpu_clock_mhz",  # SM clock nvidia-smi reported when the point ended; empty where it does not answer
     "driver_version",  # NVIDIA driver; empty on CPU
     "point_seconds",  # wall time of the whole point, including counting and training
+    # the planner's prediction before the point ran (experiments/sweep/plan.py); empty when uncalibrated
+    "predicted_latency_ms",
+    "predicted_train_step_ms",
+    "predicted_peak_mem_mb",
+    "predicted_train_peak_mem_mb",
+    "predicted_point_s",
     "timestamp",  # UTC, ISO 8601
 )
 

@@ -24,6 +24,7 @@ class Point:
     seed: int = 0
     overrides: str = "{}"  # JSON: ViTConfig overrides and "mixer_options", sorted keys
     train: str = "{}"  # JSON of TrainRecipe fields; "{}" when epochs is 0
+    compile: str = ""  # torch.compile mode; "" runs eager
     # how to measure (not part of the key)
     timing: TimingProtocol = field(default_factory=TimingProtocol)
     measure_train_step: bool = True
@@ -49,9 +50,10 @@ class Point:
     def label(self) -> str:
         extra = f" {self.overrides}" if self.overrides != "{}" else ""
         train = f" {self.dataset} x{self.epochs}ep" if self.epochs else ""
+        compiled = f" compile={self.compile}" if self.compile else ""
         return (
             f"{self.mixer} {self.preset}{extra} {self.img_size}px/p{self.patch_size} "
-            f"N={self.tokens} b{self.batch_size} {self.dtype}{train}"
+            f"N={self.tokens} b{self.batch_size} {self.dtype}{train}{compiled}"
         )
 
 

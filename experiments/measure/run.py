@@ -200,9 +200,11 @@ def measure_point(point: Point) -> dict[str, object]:
         model = build_model(point)
         row.update(describe(point, model))
         row["flops_counted"] = count_on_meta(point, model.in_chans, model.num_classes)
-        row.update(measure_inference(model, point, dtype, device))
+        # A compiled module wraps the model and shares its parameters; warm-up calls absorb the compilation.
+        timed = torch.compile(model, mode=point.compile) if point.compile else model
+        row.update(measure_inference(timed, point, dtype, device))
         if point.measure_train_step:
-            train_oom = _train_step_or_oom(model, point, dtype, device, row)
+            train_oom = _train_step_or_oom(timed, point, dtype, device, row)
             if train_oom:  # inference results stand; the training wall is its own data point
                 row["train_status"], row["error"] = "oom", f"train step: {train_oom}"
                 _free(device)

@@ -21,12 +21,13 @@ from . import tables as report_tables
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
 from .plots_accuracy import accuracy_figures
 from .plots_cost import patch_figures, wall_figures
+from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
 from .crossover import (
     FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
 )
 
 # Key columns added after the first sweeps were recorded, with the value an older runs.csv implies.
-OPTIONAL_KEYS: dict[str, str] = {"train": "{}"}
+OPTIONAL_KEYS: dict[str, str] = {"train": "{}", "compile": ""}
 
 # Without these a point cannot be placed or its costs read: the rest of the schema is optional.
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPTIONAL_KEYS) + (
@@ -34,7 +35,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPT
 
 # Schema columns that hold text (JSON included); every other schema column is numeric.
 TEXT_COLUMNS: frozenset[str] = frozenset({
-    "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "impl", "status", "error",
+    "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "compile", "impl", "status", "error",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
     "python_version", "timestamp",
 })
@@ -52,6 +53,7 @@ TABLE_CAPTIONS: dict[str, str] = {
     "exponents": rf"Fitted exponent $k$ of cost $\propto N^k$ over the {FIT_POINTS} largest token counts that ran.",
     "crossovers": r"Token count $N$ (and image size) from which each mixer is cheaper than the reference.",
     "accuracy": r"Top-1 accuracy of each trained point (mean over seeds) with its cost.",
+    "plan_accuracy": r"The cost planner's prediction against the measurement, per point that ran.",
 }
 
 
@@ -152,10 +154,16 @@ def build_report(sweep_dir: Path) -> list[Path]:
     if not accuracy_rows(runs).empty:
         tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",
                                             TABLE_CAPTIONS["accuracy"])
+    if not predicted_rows(runs).empty:
+        tables += report_tables.write_table(*plan_accuracy_tables(runs), tables_dir / "plan_accuracy",
+                                            TABLE_CAPTIONS["plan_accuracy"])
     figures = write_figures(runs, exponents, crossovers, figures_dir)
     summary = sweep_dir / "summary.md"
-    summary.write_text(render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1]),
-                       encoding="utf-8")
+    text = render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1])
+    planner = plan_accuracy_summary(runs)
+    if not planner.empty:
+        text += ("\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner))
+    summary.write_text(text, encoding="utf-8")
     return tables + figures + [summary]
 
 

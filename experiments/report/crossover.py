@@ -41,7 +41,7 @@ COST_METRICS: dict[str, str] = {
 # The keys a point's cost depends on. The others (data set, epochs, training recipe, seed) change what is learnt,
 # not what a forward pass or a training step costs: cost curves never split on them.
 COST_KEYS: tuple[str, ...] = (
-    "mixer", "preset", "overrides", "img_size", "patch_size", "batch_size", "device", "dtype",
+    "mixer", "preset", "overrides", "img_size", "patch_size", "batch_size", "device", "dtype", "compile",
 )
 
 # The keys that say what was learnt: accuracy figures and tables split on them (with the cost keys).

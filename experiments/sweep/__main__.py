@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
 from ..train.datasets import DatasetError
 from .config import ConfigError, SweepConfig, config_from_dict, load_config, named_configs
+from .plan import Budget, Planner, budget_order, load_note, plan_lines
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 
 # Flags that override config fields: flag name -> (field, argparse kwargs)
@@ -37,6 +39,8 @@ _FIELD_FLAGS = {
     "timeout_s": dict(type=float, metavar="S", help="per-point time limit; a point over it is recorded as timeout"),
     "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on what one point may allocate (emulates less memory)"),
     "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: torch's default)"),
+    "compile": dict(metavar="MODE", help="time a torch.compile'd model (default, max-autotune, ...); none: eager; "
+                    "a separate key, so compiled rows sit beside eager ones"),
     "launcher": dict(choices=["local", "submitit"], help="local: one isolated process per point; submitit: a job per point"),
     "out": dict(metavar="DIR", help="results folder (default: results/local/<config name>; committed references live in results/<config name>)"),
 }
@@ -64,7 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retry-failed", action="store_true",
                         help="rerun points whose last row is error, timeout, oom or skipped (appends newer rows)")
     parser.add_argument("--no-report", action="store_true", help="do not rebuild tables and plots at the end")
-    parser.add_argument("--dry-run", action="store_true", help="list the points that would run, and stop")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print each point's predicted latency, memory and time, and the sweep's total, and stop")
+    parser.add_argument("--budget-minutes", type=float, default=None, metavar="M",
+                        help="run the most informative points first (coarse sizes of every curve) and stop before M "
+                             "minutes are spent; rerun the same command to continue")
+    parser.add_argument("--calibrate-from", nargs="+", type=Path, default=[], metavar="RUNS_CSV",
+                        help="runs.csv files of the target device to fit the cost model to (e.g. a GPU's, when "
+                             "planning a CUDA sweep on a CPU machine)")
+    parser.add_argument("--no-plan", action="store_true",
+                        help="no cost prediction (skips the calibration run; rows get no predicted_* cells)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -142,9 +155,11 @@ def summary_line(point: Point, row: dict) -> str:
 
 
 def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = False, progress: bool = True,
-              slurm_partition: str | None = None) -> Path:
+              slurm_partition: str | None = None, planner: Planner | None = None,
+              budget_minutes: float | None = None, started: float | None = None) -> Path:
     """Runs the pending ones of `points` (the validated `config.points(...)`), appending rows to <out>/runs.csv;
-    returns that path."""
+    returns that path. With a `planner` each row records its prediction; with a budget the points run coarse
+    first and those that would overrun it are left for the next run."""
     from tqdm import tqdm
 
     from .launchers import make_launcher
@@ -157,6 +172,10 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     if not retry_failed:
         for row in done.values():
             wall.add(row)
+    budget = Budget(budget_minutes, planner, started or time.monotonic()) if budget_minutes and planner else None
+    if budget:  # ordered over the whole sweep, so a resumed run continues the same sequence
+        pending = {p.key for p in todo}
+        todo = [p for p in budget_order(points, {p.key: planner.predict(p) for p in points}) if p.key in pending]
     wanted_train_step = {p.key: p.measure_train_step for p in todo}
     launcher = make_launcher(config, slurm_partition)
     bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
@@ -164,8 +183,14 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
               f"{len(todo)} to run")
 
     def record(point: Point, row: dict) -> None:
+        if budget and budget.cut_short(point, row):
+            bar.write(f"{'budget':>8}  {point.label()}  stopped when the budget ran out; the next run starts it again")
+            return
         if "macs_analytic" not in row:  # the point never reported: fill in what the configuration tells
             row = {**describe_without_running(point), **row}
+        if planner:
+            row = {**row, **planner.predict(point).columns()}
+            planner.observe(point, row)
         if wanted_train_step[point.key] and not point.measure_train_step and row.get("status") == "ok":
             row["train_status"] = "skipped"
             row["error"] = f"train step not attempted: out of memory at {wall.train_step_skipped(point)} tokens"
@@ -176,9 +201,12 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
         bar.update(1)
 
     try:
-        launcher.run(todo, record, wall.prepare, bar)
+        launcher.run(budget.points(todo) if budget else todo, record, wall.prepare, bar)
     finally:
         bar.close()
+    if budget and budget.held_back:
+        print(f"budget: {len(budget.held_back)} points left for the next run (same command); "
+              f"{max(budget.left(), 0):.0f} s of the budget unused")
     return runs_path
 
 
@@ -190,21 +218,28 @@ def main(argv: list[str] | None = None) -> int:
         from mixers import list_mixers
 
         points = config.points(list_mixers())
-        check_environment(config)
+        check_environment(config, dry_run=args.dry_run)
         read_rows(config.out_dir / "runs.csv")  # refuse a foreign runs.csv before running anything
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")
     except (ConfigError, RunsFileError, DatasetError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
-    if args.dry_run:
-        for point in points:
-            print(point.label())
-        return 0
     started = time.perf_counter()
+    planner = None
+    if args.dry_run or not args.no_plan or args.budget_minutes:
+        # A budgeted sweep spends at most a fifth of its budget calibrating; its own rows refine the fit after.
+        planner = Planner.build(points, config.out_dir / "runs.csv", extra_runs=args.calibrate_from,
+                                calibration_s=args.budget_minutes * 12 if args.budget_minutes else math.inf)
+    if args.dry_run:
+        order = budget_order(points, {p.key: planner.predict(p) for p in points}) if args.budget_minutes else points
+        print("\n".join(plan_lines(planner, points, order, args.budget_minutes)))
+        print(f"(planned in {time.perf_counter() - started:.1f} s; {load_note()})")
+        return 0
     try:
         runs_path = run_sweep(config, points, retry_failed=args.retry_failed, progress=not args.quiet,
-                              slurm_partition=args.slurm)
+                              slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes,
+                              started=time.monotonic() - (time.perf_counter() - started))
     except KeyboardInterrupt:
         print(f"\ninterrupted; rows written so far are kept in {config.out_dir / 'runs.csv'}; "
               "rerun the same command to resume", file=sys.stderr)
@@ -218,17 +253,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_environment(config: SweepConfig) -> None:
-    """Problems that would fail every point: say so once, before running any."""
+def check_environment(config: SweepConfig, dry_run: bool = False) -> None:
+    """Problems that would fail every point: say so once, before running any. A dry run only plans, so it may
+    plan for a device this machine lacks."""
     import torch
 
     for run in config.run_configs():
-        if run.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device: cuda was asked for but torch sees no CUDA device; use --device cpu")
+        if run.device == "cuda" and not torch.cuda.is_available() and not dry_run:
+            raise ConfigError("device: cuda was asked for but torch sees no CUDA device; use --device cpu "
+                              "(or --dry-run to plan it)")
+        if run.compile not in ("", "none") and not dry_run:
+            check_compile(run.device)
         if run.epochs > 0:
             from ..train.datasets import check_dataset_available
 
             check_dataset_available(run.dataset, data_dir=run.data_dir or None, data_path=run.data_path or None)
+
+
+def check_compile(device: str) -> None:
+    """torch.compile needs a working backend (on a CPU, inductor's C++ compiler): try a tiny function once."""
+    import torch
+
+    try:
+        torch.compile(lambda x: torch.sin(x) + 1)(torch.randn(8, device=device))
+    except Exception as error:  # noqa: BLE001 - any failure means compiled points cannot run here
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise ConfigError(f"compile: torch.compile does not work on this {device} ({type(error).__name__}: "
+                          f"{first}); use --compile none") from None
 
 
 if __name__ == "__main__":

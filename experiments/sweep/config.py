@@ -25,6 +25,8 @@ CONFIG_DIR = Path(__file__).parent.parent / "configs"
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 LAUNCHERS = ("local", "submitit")
+# torch.compile modes; "" and "none" run eager (stored as "" so rows written before the field keep their keys).
+COMPILE_MODES = ("", "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class ConfigError(ValueError):
@@ -57,6 +59,7 @@ class SweepConfig:
     timeout_s: float = 1800.0
     memory_limit_mb: int = 0  # CPU only: cap on what one point may allocate, 0 = none
     num_threads: int = 0  # 0 = torch's default
+    compile: str = ""  # torch.compile mode for the timed model; "" or "none": eager
     launcher: str = "local"
     overrides: dict = field(default_factory=dict)  # {"*" or mixer: {ViT field or "mixer_options": value}}
     timing: dict = field(default_factory=dict)  # TimingProtocol fields
@@ -121,7 +124,7 @@ class SweepConfig:
                 epochs=self.epochs, seed=seed, overrides=canonical_json(self.model_overrides(mixer)),
                 timing=timing, measure_train_step=self.measure_train_step, memory_limit_mb=self.memory_limit_mb,
                 num_threads=self.num_threads, data_dir=self.data_dir, data_path=self.data_path, train=train,
-                timeout_s=self.timeout_s,
+                timeout_s=self.timeout_s, compile="" if self.compile == "none" else self.compile,
             )
             for mixer, preset, img, patch, batch, seed in itertools.product(
                 mixers, self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self.seeds
@@ -206,6 +209,9 @@ def check_fields(config: SweepConfig, where: str) -> None:
         raise ConfigError(f"{prefix}dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
     if config.launcher not in LAUNCHERS:
         raise ConfigError(f"{prefix}launcher must be one of {', '.join(LAUNCHERS)}, got {config.launcher!r}")
+    if config.compile not in COMPILE_MODES:
+        raise ConfigError(f"{prefix}compile must be one of {', '.join(repr(m) for m in COMPILE_MODES)}, "
+                          f"got {config.compile!r}")
     if config.epochs < 0:
         raise ConfigError(f"{prefix}epochs must be >= 0, got {config.epochs}")
     if config.timeout_s <= 0:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from ..measure.point import point_key
-from ..schema import COLUMNS, KEY_COLUMNS
+from ..schema import COLUMNS, KEY_COLUMNS, OPTIONAL_KEY_COLUMNS
 
 
 class RunsFileError(ValueError):
@@ -22,7 +22,7 @@ class RunsFileError(ValueError):
 def _check_header(path: Path, header: tuple[str, ...]) -> None:
     """An older version's header (a subset of today's columns with every key column) is readable; others not."""
     unknown = [c for c in header if c not in COLUMNS]
-    missing_keys = [c for c in KEY_COLUMNS if c not in header]
+    missing_keys = [c for c in KEY_COLUMNS if c not in header and c not in OPTIONAL_KEY_COLUMNS]
     if unknown or missing_keys:
         raise RunsFileError(
             f"{path} was written with other columns (unknown: {', '.join(unknown) or 'none'}; missing key "

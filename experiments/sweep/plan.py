@@ -1,0 +1,479 @@
+"""The sweep's cost planner: predicted latency, memory and wall time per point, an order that draws every curve
+early, and a time budget that stops cleanly and resumes.
+
+Calibration (`Planner.build`), best source first:
+1. rows already measured on this device: the sweep's own runs.csv (a resumed sweep), and while a sweep runs,
+   every row it appends (the fit is refreshed after each point);
+2. where the device is here: a short calibration run of a few small points of each mixer, measured for real;
+3. where it is not (a CUDA plan drawn on a CPU machine): runs.csv files of that device kind under results/
+   (or given with --calibrate-from), and the output names the GPU and row count it assumes;
+4. nothing: the plan says it is uncalibrated and gives MACs and an analytic memory estimate only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..measure.point import Point, point_group
+from ..measure.timing import TimingProtocol
+from .costmodel import MiB, CostModel, point_from_row, work
+from .runs_file import RunsFileError, read_rows
+
+# A point's predicted time in a budgeted sweep may exceed the time left by this much before it is held back:
+# predictions of small points are noisy and a point that would just fit is worth starting.
+BUDGET_SLACK = 1.0
+# Quick protocol of the calibration run: a few calls per size are enough to fit rates.
+CALIBRATION_TIMING = TimingProtocol(warmup=1, min_repeats=3, min_time_s=0.0, max_repeats=3)
+# Point wall time between two rows that the point's own point_seconds does not see (process start, writing the row)
+# when no row tells it: measured by the calibration run; this floor only covers a machine where that failed.
+DEFAULT_GAP_S = 0.1
+
+PREDICTION_COLUMNS = {
+    "latency_ms": "predicted_latency_ms", "train_step_ms": "predicted_train_step_ms",
+    "peak_mem_mb": "predicted_peak_mem_mb", "train_peak_mem_mb": "predicted_train_peak_mem_mb",
+}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    point: Point
+    gmacs: float
+    latency_ms: float | None
+    train_step_ms: float | None  # None when the point does not measure a training step
+    peak_mem_mb: float | None
+    train_peak_mem_mb: float | None
+    train_s: float | None  # training epochs, when epochs > 0
+    point_s: float | None  # wall time of the whole point, None when uncalibrated
+    fits: bool | None  # whether the larger of the two peaks fits the device memory (None: memory unknown)
+
+    def columns(self) -> dict[str, object]:
+        """The prediction as runs.csv cells, so the report can set it beside what was measured."""
+        row = {PREDICTION_COLUMNS[k]: getattr(self, k) for k in PREDICTION_COLUMNS}
+        row["predicted_point_s"] = self.point_s
+        return {k: v for k, v in row.items() if v is not None}
+
+
+def protocol_seconds(ms: float, protocol: TimingProtocol) -> float:
+    """Seconds `time_call` spends on a call of `ms` milliseconds, plus the one call that reads peak memory."""
+    t = max(ms, 1e-6) / 1e3
+    repeats = min(max(protocol.min_repeats, math.ceil(protocol.min_time_s / t)), protocol.max_repeats)
+    return (protocol.warmup + repeats + 1) * t
+
+
+def _train_steps(point: Point) -> tuple[int, int] | None:
+    """(optimizer steps of the whole training, images per step), or None if the data set size is unknown."""
+    from ..train.recipe import TrainRecipe
+    from .costmodel import json_loads
+
+    recipe = TrainRecipe(epochs=point.epochs, **json_loads(point.train))
+    if not recipe.train_samples:
+        return None
+    return point.epochs * math.ceil(recipe.train_samples / recipe.batch_size), recipe.batch_size
+
+
+class Planner:
+    """Predicts each point from a `CostModel` and refits it as rows arrive."""
+
+    def __init__(self, samples: list[tuple[Point, dict]], sources: list[str], memory_mb: float | None,
+                 memory_source: str, gap_s: float) -> None:
+        self.samples = samples
+        self.sources = sources
+        self.memory_mb = memory_mb
+        self.memory_source = memory_source
+        self.gap_s = gap_s
+        self.model = CostModel.fitted(samples, sources)
+        self._train_ratio: dict[str, float] = {}
+        self._fit_training()
+
+    # calibration -------------------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, points: list[Point], runs_path: Path, *, extra_runs: list[Path] = (),
+              calibrate: bool = True, calibration_s: float = math.inf) -> Planner:
+        """Fits the cost model to the best rows there are for `points` (see the module docstring)."""
+        devices = {p.device for p in points}
+        here = {d for d in devices if _device_here(d)}
+        protocol = points[0].timing if points else TimingProtocol()
+        samples: list[tuple[Point, dict]] = []
+        sources: list[str] = []
+        gap_s = None
+        for path in [runs_path, *extra_runs]:
+            rows = _ok_rows(path, devices)
+            if rows:
+                samples += [_with_overhead(r, protocol) for r in rows]
+                sources.append(f"{len(rows)} rows of {path} ({_describe_devices(rows)})")
+                gap_s = gap_s if gap_s is not None else _gap_from_timestamps(rows)
+        missing_here = [p for p in points if p.device in here]
+        if calibrate and missing_here:
+            calibration = calibration_points(missing_here, samples)
+            if calibration:
+                started = time.perf_counter()
+                rows, measured_gap = run_calibration(calibration, calibration_s)
+                samples += [(point_from_row(r), r) for r in rows]
+                sources.append(f"calibration run here: {len(rows)} small points in {time.perf_counter() - started:.1f} s")
+                gap_s = gap_s if gap_s is not None else measured_gap
+        absent = devices - here
+        if absent and not any(p.device in absent for p, _ in samples):
+            for path in sorted(Path("results").glob("*/runs.csv")):
+                rows = _ok_rows(path, absent)
+                if rows:
+                    samples += [_with_overhead(r, protocol) for r in rows]
+                    sources.append(f"{len(rows)} rows of {path} ({_describe_devices(rows)}): assumes that device")
+        memory_mb, memory_source = device_memory_mb(points, samples)
+        return cls(samples, sources, memory_mb, memory_source, gap_s if gap_s is not None else DEFAULT_GAP_S)
+
+    def observe(self, point: Point, row: dict) -> None:
+        """Adds a measured row and refits, so later predictions use it."""
+        if row.get("status") != "ok":
+            return
+        self.samples.append(_with_overhead({k: str(v) for k, v in row.items()}, point.timing, point))
+        self.model = CostModel.fitted(self.samples, self.sources)
+        self._fit_training()
+
+    def _fit_training(self) -> None:
+        """Training time per mixer as a multiple of (steps x predicted train step at the training batch): the
+        multiple absorbs data generation, loading and evaluation."""
+        ratios: dict[str, list[float]] = {}
+        for point, row in self.samples:
+            if point.epochs <= 0 or not row.get("point_seconds"):
+                continue
+            base = self._train_base_s(point)
+            spent = float(row["point_seconds"]) - self._point_s_without_training(point)
+            if base and spent > 0:
+                ratios.setdefault(CostModel.group(point), []).append(spent / base)
+                ratios.setdefault("*", []).append(spent / base)
+        self._train_ratio = {k: sorted(v)[len(v) // 2] for k, v in ratios.items()}
+
+    # prediction --------------------------------------------------------------------------------------------------
+    def predict(self, point: Point) -> Prediction:
+        m = self.model
+        latency = m.predict(point, "latency_ms")
+        train_step = m.predict(point, "train_step_ms") if point.measure_train_step else None
+        peak = m.predict(point, "peak_mem_mb")
+        train_peak = m.predict(point, "train_peak_mem_mb") if point.measure_train_step else None
+        train_s = None
+        if point.epochs > 0:
+            base = self._train_base_s(point)
+            ratio = self._train_ratio.get(CostModel.group(point), self._train_ratio.get("*", 1.0))
+            train_s = base * ratio if base is not None else None
+        point_s = self._point_s_without_training(point)
+        if point_s is not None and point.epochs > 0:
+            point_s = point_s + train_s if train_s is not None else None
+        largest = max((v for v in (peak, train_peak) if v is not None), default=None)
+        fits = None if self.memory_mb is None or largest is None else largest <= self.memory_mb
+        return Prediction(point, work(point).macs / point.batch_size / 1e9, latency, train_step, peak, train_peak,
+                          train_s, point_s, fits)
+
+    def _point_s_without_training(self, point: Point) -> float | None:
+        latency = self.model.predict(point, "latency_ms")
+        overhead = self.model.predict(point, "overhead_s")
+        if latency is None or overhead is None:
+            return None
+        seconds = self.gap_s + overhead + protocol_seconds(latency, point.timing)
+        if point.measure_train_step:
+            step = self.model.predict(point, "train_step_ms")
+            if step is None:
+                return None
+            seconds += protocol_seconds(step, point.timing)
+        return seconds
+
+    def _train_base_s(self, point: Point) -> float | None:
+        steps = _train_steps(point)
+        if steps is None:
+            return None
+        count, batch = steps
+        step_ms = self.model.predict(dataclasses.replace(point, batch_size=batch), "train_step_ms")
+        return None if step_ms is None else count * step_ms / 1e3
+
+
+# calibration run ---------------------------------------------------------------------------------------------------
+def calibration_points(points: list[Point], have: list[tuple[Point, dict]]) -> list[Point]:
+    """Two small sizes of each mixer setting that the rows at hand do not already cover with three sizes: the
+    smallest and the one half way up its list (never its largest, which may be slow). Until a mixer has three
+    sizes of its own, its rates come from one fit pooled over every mixer's rows, and its own fit takes over
+    as rows arrive."""
+    covered: dict[str, set[int]] = {}
+    for point, _ in have:
+        covered.setdefault(CostModel.group(point), set()).add(point.tokens * point.batch_size)
+    chosen: dict[tuple, Point] = {}
+    by_group: dict[tuple, list[Point]] = {}
+    for p in points:
+        p = dataclasses.replace(p, epochs=0, dataset="", train="{}", checkpoint_dir="", timing=CALIBRATION_TIMING,
+                                batch_size=1, measure_train_step=any(q.measure_train_step for q in points))
+        by_group.setdefault((CostModel.group(p), p.preset, p.overrides), []).append(p)
+    for (group, _, _), group_points in by_group.items():
+        if len(covered.get(group, ())) >= 3:
+            continue
+        sizes = sorted({p.tokens: p for p in group_points}.values(), key=lambda p: p.tokens)
+        for rank, index in enumerate(sorted({0, len(sizes) // 2})):
+            chosen.setdefault(sizes[index].key, (rank, len(chosen), sizes[index]))
+    return [p for _, _, p in sorted(chosen.values(), key=lambda c: c[:2])]  # every mixer's smallest first
+
+
+@dataclass(frozen=True)
+class CalibrationJob:
+    """What the isolated calibration child gets (isolation reads `memory_limit_mb` from what it runs)."""
+
+    points: tuple[Point, ...] = ()
+    memory_limit_mb: int = 0
+    seconds: float = math.inf  # start no point after this long
+
+
+def calibrate_worker(job: CalibrationJob) -> dict:
+    """Runs in an isolated child: measures each calibration point (latency, train step, memory) with a quick
+    protocol; the first point of each mixer setting runs whole, as a sweep would, for the per-point overhead
+    (build, counting), the others only time and read memory."""
+    import torch
+
+    from ..measure.run import DTYPES, build_model, measure_inference, measure_point, measure_train_step
+
+    rows, seen = [], set()
+    started = time.perf_counter()
+    for point in job.points:
+        if time.perf_counter() - started > job.seconds:
+            break
+        group = (CostModel.group(point), point.preset, point.overrides)
+        try:
+            if group not in seen:
+                row = measure_point(point)
+                if row.get("status") != "ok":
+                    continue
+                timed = protocol_seconds(row["latency_ms"], point.timing)
+                if point.measure_train_step:
+                    timed += protocol_seconds(row["train_step_ms"], point.timing)
+                row["overhead_s"] = max(float(row["point_seconds"]) - timed, 0.0)
+                seen.add(group)
+            else:
+                device, dtype = torch.device(point.device), DTYPES[point.dtype]
+                model = build_model(point)
+                row = measure_inference(model, point, dtype, device)
+                if point.measure_train_step:
+                    row.update(measure_train_step(model, point, dtype, device))
+        except Exception:  # noqa: BLE001 - a size that fails here is simply not used to calibrate
+            continue
+        rows.append({"calibration": "1", **{k: getattr(point, k) for k in ("mixer", "preset", "img_size", "patch_size", "batch_size",
+                                                        "device", "dtype", "overrides")}, **row})
+    return {"status": "ok", "rows": rows}
+
+
+def _noop(_: CalibrationJob) -> dict:
+    return {"status": "ok"}
+
+
+def run_calibration(points: list[Point], seconds: float = math.inf) -> tuple[list[dict], float]:
+    """The calibration rows, measured in an isolated child that starts no point after `seconds`, and the cost of
+    starting one point's process."""
+    from .isolation import run_isolated
+
+    started = time.perf_counter()
+    run_isolated(_noop, CalibrationJob(), 60)
+    gap_s = time.perf_counter() - started
+    limit = min(max(60.0, 30.0 * len(points)), 3 * seconds + 30.0)
+    result = run_isolated(calibrate_worker, CalibrationJob(tuple(points), seconds=seconds), limit)
+    return [{k: str(v) for k, v in r.items()} for r in result.get("rows", [])], gap_s
+
+
+# where the rows come from ----------------------------------------------------------------------------------------
+def _with_overhead(row: dict, protocol: TimingProtocol, point: Point | None = None) -> tuple[Point, dict]:
+    """(point, row) with the row's per-point overhead: its wall time less the timed calls, for cost-only rows
+    (`protocol`: how the row was timed; a runs.csv does not record it, so the sweep's own is assumed)."""
+    point = point or point_from_row(row)
+    if row.get("overhead_s") or point.epochs > 0 or not row.get("point_seconds") or not row.get("latency_ms"):
+        return point, row
+    timed = protocol_seconds(float(row["latency_ms"]), protocol)
+    if row.get("train_step_ms"):
+        timed += protocol_seconds(float(row["train_step_ms"]), protocol)
+    return point, {**row, "overhead_s": str(max(float(row["point_seconds"]) - timed, 0.0))}
+
+
+def _device_here(device: str) -> bool:
+    if device == "cpu":
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _ok_rows(path: Path, devices: set[str]) -> list[dict]:
+    try:
+        rows = read_rows(path)
+    except (RunsFileError, OSError):
+        return []
+    return [r for r in rows if r.get("status") == "ok" and r.get("device") in devices and r.get("latency_ms")]
+
+
+def _describe_devices(rows: list[dict]) -> str:
+    names = sorted({r.get("device_name") or r.get("device") for r in rows})
+    return "; ".join(names)
+
+
+def _gap_from_timestamps(rows: list[dict]) -> float | None:
+    """Median (time between consecutive rows - the later row's point_seconds): process start and bookkeeping."""
+    import datetime as dt
+
+    gaps = []
+    for before, after in zip(rows, rows[1:]):
+        try:
+            t0 = dt.datetime.fromisoformat(before["timestamp"])
+            t1 = dt.datetime.fromisoformat(after["timestamp"])
+            gaps.append((t1 - t0).total_seconds() - float(after["point_seconds"]))
+        except (KeyError, ValueError):
+            continue
+    gaps = [g for g in gaps if -1.0 < g < 30.0]  # seconds resolution; a pause between sessions is no gap
+    return max(sorted(gaps)[len(gaps) // 2], 0.0) if len(gaps) >= 5 else None
+
+
+def device_memory_mb(points: list[Point], samples: list[tuple[Point, dict]]) -> tuple[float | None, str]:
+    """Memory one point may use: the CPU cap or available RAM; the GPU's memory, or the one the calibration
+    rows name (e.g. "NVIDIA H100 80GB HBM3"); None where nothing says."""
+    device = points[0].device if points else "cpu"
+    if device == "cpu":
+        cap = min((p.memory_limit_mb for p in points if p.memory_limit_mb), default=0)
+        if cap:
+            return float(cap), "memory_limit_mb"
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024, "MemAvailable of this machine"
+        except OSError:
+            pass
+        return None, "unknown"
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return props.total_memory / MiB, props.name
+    names = {r.get("device_name", "") for p, r in samples if p.device == device}
+    for name in sorted(names):
+        match = re.search(r"(\d+)\s*GB", name)
+        if match:
+            return int(match.group(1)) * 1000**3 / MiB, f"{name} (from the calibration rows)"
+    return None, "unknown (no GPU here and no calibration row names its memory)"
+
+
+# order and budget ------------------------------------------------------------------------------------------------
+def bisection_ranks(count: int) -> list[int]:
+    """Rank of each of `count` sorted sizes: smallest 0, largest 1, then midpoints breadth first."""
+    if count == 0:
+        return []
+    ranks = [0] * count
+    order = [0] if count == 1 else [0, count - 1]
+    intervals = [(0, count - 1)]
+    while intervals:
+        nxt = []
+        for lo, hi in intervals:
+            if hi - lo < 2:
+                continue
+            mid = (lo + hi) // 2
+            order.append(mid)
+            nxt += [(lo, mid), (mid, hi)]
+        intervals = nxt
+    for rank, index in enumerate(order):
+        ranks[index] = rank
+    return ranks
+
+
+def budget_order(points: list[Point], predictions: dict[tuple, Prediction]) -> list[Point]:
+    """Coarse first: round r runs the rank-r size of every group (smallest, largest that is predicted to fit,
+    the middle, then the quarters...). Sizes predicted not to fit come last in their group, ascending, so the
+    memory wall is still found when time is left. Training points (one size, expensive) come after the first
+    three rounds, when every cost curve has its two ends and middle."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault(point_group(dataclasses.asdict(p)), []).append(p)
+    keyed = []
+    for index, (group, members) in enumerate(groups.items()):
+        members = sorted(members, key=lambda p: (p.tokens, p.img_size))
+        fitting = [p for p in members if predictions[p.key].fits is not False]
+        too_big = [p for p in members if predictions[p.key].fits is False]
+        sizes = sorted({p.tokens for p in fitting})
+        rank_of = dict(zip(sizes, bisection_ranks(len(sizes))))
+        for p in fitting:
+            rank = rank_of[p.tokens] if p.epochs == 0 else 3
+            keyed.append(((rank, p.epochs > 0, index, p.tokens, p.img_size), p))
+        for offset, p in enumerate(too_big):
+            keyed.append(((len(sizes) + offset, p.epochs > 0, index, p.tokens, p.img_size), p))
+    return [p for _, p in sorted(keyed, key=lambda kp: kp[0])]
+
+
+class Budget:
+    """Hands out points while their predicted time fits in what is left, each bounded by what is left."""
+
+    def __init__(self, minutes: float, planner: Planner, started: float) -> None:
+        self.deadline = started + minutes * 60.0
+        self.planner = planner
+        self.held_back: list[Point] = []
+        self.original_timeout: dict[tuple, float] = {}
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def points(self, points: list[Point]) -> Iterator[Point]:
+        for point in points:
+            left = self.left()
+            if left <= 0:
+                self.held_back.append(point)
+                continue
+            predicted = self.planner.predict(point).point_s
+            if predicted is not None and predicted * BUDGET_SLACK > left:
+                self.held_back.append(point)
+                continue
+            self.original_timeout[point.key] = point.timeout_s
+            yield dataclasses.replace(point, timeout_s=min(point.timeout_s, left))
+
+    def cut_short(self, point: Point, row: dict) -> bool:
+        """True when `row` is a timeout that the budget imposed (not the point's own limit): no row is written,
+        so the next run starts this point again."""
+        own = self.original_timeout.get(point.key, point.timeout_s)
+        return row.get("status") == "timeout" and point.timeout_s < own
+
+
+# printing -----------------------------------------------------------------------------------------------------------
+def _fmt(value: float | None, spec: str) -> str:
+    width = int(spec.split(".")[0] or 0)
+    return "-".rjust(width) if value is None else format(value, spec)
+
+
+def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None = None,
+               budget_minutes: float | None = None) -> list[str]:
+    """The dry-run's table: one line per point in run order, then the totals."""
+    lines = ["calibration: " + ("; ".join(planner.sources) if planner.sources else
+                                "none: this plan is UNCALIBRATED (no rows of this device and no way to measure "
+                                "it here); it gives MACs and an analytic memory estimate only")]
+    if planner.samples:
+        groups = sorted({CostModel.group(p) for p, _ in planner.samples})
+        lines.append(f"  fitted per mixer|device|dtype|compile: {', '.join(groups)}")
+    lines.append(f"device memory: {_fmt(planner.memory_mb and planner.memory_mb / 1024, '.1f')} GiB "
+                 f"({planner.memory_source})")
+    lines.append(f"{'#':>4} {'point':<58} {'GMACs':>8} {'infer ms':>9} {'train ms':>9} {'peak MiB':>9} "
+                 f"{'train MiB':>9} {'fits':>4} {'point s':>8}")
+    total, unknown = 0.0, 0
+    budget_s = budget_minutes * 60 if budget_minutes else None
+    cut = None
+    for index, point in enumerate(order or points):
+        pr = planner.predict(point)
+        fits = {True: "yes", False: "NO", None: "?"}[pr.fits]
+        if pr.point_s is None:
+            unknown += 1
+        else:
+            total += pr.point_s
+        if budget_s is not None and cut is None and total > budget_s:
+            cut = index
+            lines.append(f"     --- budget of {budget_minutes:g} min ends about here ---")
+        lines.append(f"{index + 1:>4} {point.label():<58.58} {pr.gmacs:>8.3g} {_fmt(pr.latency_ms, '9.3g')} "
+                     f"{_fmt(pr.train_step_ms, '9.3g')} {_fmt(pr.peak_mem_mb, '9.4g')} "
+                     f"{_fmt(pr.train_peak_mem_mb, '9.4g')} {fits:>4} {_fmt(pr.point_s, '8.1f')}")
+    known = f"{total / 60:.1f} min" + (f" (+ {unknown} points without a prediction)" if unknown else "")
+    lines.append(f"predicted wall time of the {len(points)} points: {known if unknown < len(points) else 'unknown'}"
+                 " (per-point overheads included; the report at the end is not)")
+    return lines
+
+
+def load_note() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"

@@ -1,0 +1,151 @@
+"""The cost planner: the fit, the coarse-first order with the OOM cascade, the budget, old runs.csv keys, dry runs."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.measure.point import Point, point_key
+from experiments.schema import COLUMNS, KEY_COLUMNS
+from experiments.sweep.__main__ import MemoryWall, main
+from experiments.sweep.costmodel import nonnegative_fit
+from experiments.sweep.plan import Budget, Prediction, bisection_ranks, budget_order, protocol_seconds
+from experiments.sweep.runs_file import append_row, latest_by_key, read_rows
+
+REPO = Path(__file__).resolve().parent.parent
+
+TINY = """
+name = "tiny"
+mixers = ["attention", "linear"]
+presets = ["micro"]
+img_sizes = [16, 32, 48, 64, 96]
+patch_sizes = [8]
+measure_train_step = false
+timeout_s = 120
+overrides = {"*" = {depth = 1}}
+
+[timing]
+warmup = 0
+min_repeats = 1
+min_time_s = 0.0
+"""
+
+
+def test_nonnegative_fit_recovers_rates() -> None:
+    x = np.array([[1.0, m, b] for m, b in [(1e6, 1e4), (4e6, 2e4), (1.6e7, 4e4), (6.4e7, 8e4)]])
+    y = x @ np.array([0.5, 2e-6, 0.0])
+    assert np.allclose(nonnegative_fit(x, y), [0.5, 2e-6, 0.0], rtol=1e-6, atol=1e-12)
+
+
+def test_protocol_seconds_follows_the_timing_protocol() -> None:
+    from experiments.measure.timing import TimingProtocol
+
+    protocol = TimingProtocol(warmup=2, min_repeats=5, min_time_s=1.0, max_repeats=1000)
+    assert protocol_seconds(10.0, protocol) == (2 + 100 + 1) * 0.01  # 100 repeats reach 1 s
+    assert protocol_seconds(500.0, protocol) == (2 + 5 + 1) * 0.5  # min_repeats rules
+
+
+def test_bisection_ranks() -> None:
+    assert bisection_ranks(1) == [0]
+    assert bisection_ranks(5) == [0, 3, 2, 4, 1]  # smallest, largest, middle, quarters
+
+
+def _points(sizes: list[int], mixer: str = "attention") -> list[Point]:
+    return [Point(mixer=mixer, preset="micro", img_size=s, patch_size=8, batch_size=1) for s in sizes]
+
+
+def _prediction(point: Point, fits: bool | None = True, seconds: float | None = 1.0) -> Prediction:
+    return Prediction(point, 0.0, 1.0, None, 1.0, None, None, seconds, fits)
+
+
+def test_order_is_coarse_first_and_the_oom_cascade_still_holds() -> None:
+    points = _points([16, 32, 48, 64, 80]) + _points([16, 32], "linear")
+    fits = {p.key: _prediction(p, fits=p.img_size < 80) for p in points}
+    order = budget_order(points, fits)
+    assert [(p.mixer, p.img_size) for p in order] == [
+        ("attention", 16), ("linear", 16), ("attention", 64), ("linear", 32), ("attention", 32),
+        ("attention", 48), ("attention", 80)]  # 80 is predicted not to fit: last, after the whole curve
+    # The wall: 64 ran out of memory first (it was ordered early); 48 and 32 still run, 80 is skipped.
+    wall = MemoryWall()
+    wall.add({**{c: getattr(order[2], c) for c in KEY_COLUMNS}, "tokens": order[2].tokens, "status": "oom"})
+    decisions = {p.img_size: wall.prepare(p)[1] is None for p in order[3:] if p.mixer == "attention"}
+    assert decisions == {48: True, 32: True, 80: False}
+
+
+class _FakePlanner:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def predict(self, point: Point) -> Prediction:
+        return _prediction(point, seconds=self.seconds)
+
+
+def test_budget_holds_back_what_would_overrun_and_bounds_the_rest() -> None:
+    points = _points([16, 32, 48])
+    budget = Budget(1.0, _FakePlanner(seconds=50.0), time.monotonic())  # 60 s: one 50 s point fits
+    handed = list(budget.points(points[:1]))
+    assert len(handed) == 1 and handed[0].timeout_s <= 60.0
+    assert budget.cut_short(handed[0], {"status": "timeout"})  # a budget timeout writes no row
+    assert not budget.cut_short(handed[0], {"status": "ok"})
+    budget.deadline = time.monotonic() + 10.0
+    assert list(budget.points(points[1:])) == [] and len(budget.held_back) == 2
+
+
+def test_budgeted_sweep_stops_within_budget_and_resumes_without_duplicates(tmp_path: Path) -> None:
+    config, out = tmp_path / "tiny.toml", tmp_path / "out"
+    config.write_text(TINY)
+    args = ["--config", str(config), "--out", str(out), "--quiet", "--no-report"]
+    budget_s = 15.0
+    started = time.perf_counter()
+    assert main([*args, "--budget-minutes", str(budget_s / 60)]) == 0
+    assert time.perf_counter() - started <= budget_s * 1.1 + 2.0  # +2 s: reading runs.csv, imports on a busy CPU
+    first = read_rows(out / "runs.csv")
+    assert all(r["predicted_point_s"] for r in first)
+    assert main([*args, "--budget-minutes", "10"]) == 0
+    rows = read_rows(out / "runs.csv")
+    assert rows[: len(first)] == first
+    keys = [point_key(r) for r in rows]
+    assert len(keys) == len(set(keys)) == 10
+
+
+def test_rows_without_the_compile_column_keep_their_keys(tmp_path: Path) -> None:
+    """runs.csv files written before `compile` (and the predicted_* columns) existed: read, keyed as eager, upgraded."""
+    old_columns = [c for c in COLUMNS if c != "compile" and not c.startswith("predicted_")]
+    path = tmp_path / "runs.csv"
+    point = Point(mixer="linear", preset="micro", img_size=32, patch_size=8, batch_size=1)
+    values = {**{c: getattr(point, c) for c in KEY_COLUMNS}, "tokens": point.tokens, "status": "ok"}
+    path.write_text(",".join(old_columns) + "\n" + ",".join(str(values.get(c, "")) for c in old_columns) + "\n")
+    rows = read_rows(path)
+    assert rows[0]["compile"] == "" and point.key in latest_by_key(rows)
+    assert dataclasses.replace(point, compile="default").key not in latest_by_key(rows)
+    append_row(path, {**values, "compile": "default", "predicted_point_s": 1.5})
+    rows = read_rows(path)
+    assert path.read_text().splitlines()[0].split(",") == list(COLUMNS)
+    assert [r["compile"] for r in rows] == ["", "default"] and len(latest_by_key(rows)) == 2
+
+
+def test_bad_compile_mode_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY)
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", str(config), "--compile",
+                             "fast", "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2 and "compile must be one of" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="plans for a CUDA device this machine lacks")
+def test_dry_run_plans_cuda_on_a_machine_without_one(tmp_path: Path) -> None:
+    """No CUDA here and no CUDA rows given: the plan says it is uncalibrated and still gives MACs and memory."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY)
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", str(config), "--device", "cuda",
+                             "--dry-run", "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
+                            text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert "UNCALIBRATED" in result.stdout and "attention micro" in result.stdout
