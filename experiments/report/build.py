@@ -16,6 +16,7 @@ from pathlib import Path
 import matplotlib
 import pandas as pd
 
+from ..runs_csv import OPTIONAL_KEYS, RunsFileError, read_table
 from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
 from . import tables as report_tables
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
@@ -24,9 +25,6 @@ from .plots_cost import patch_figures, wall_figures
 from .crossover import (
     FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
 )
-
-# Key columns added after the first sweeps were recorded, with the value an older runs.csv implies.
-OPTIONAL_KEYS: dict[str, str] = {"train": "{}"}
 
 # Without these a point cannot be placed or its costs read: the rest of the schema is optional.
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPTIONAL_KEYS) + (
@@ -77,14 +75,13 @@ def load_runs(path: Path) -> pd.DataFrame:
     """
     if not path.is_file():
         raise ReportError(f"no runs.csv at {path}")
-    try:
-        runs = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
-    except pd.errors.EmptyDataError:
-        raise ReportError(f"{path} is empty") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
-        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise ReportError(f"cannot parse {path}: {reason}") from None
-    runs.columns = runs.columns.str.strip()
+    try:  # the sweep's reader: a torn last line, a stray line or a bad key reads the same for both
+        header, rows = read_table(path)
+    except RunsFileError as error:
+        raise ReportError(str(error)) from None
+    if not header:
+        raise ReportError(f"{path} is empty")
+    runs = pd.DataFrame(rows, columns=list(header), dtype=str)
     missing = [c for c in REQUIRED_COLUMNS if c not in runs.columns]
     if missing:
         raise ReportError(f"{path} is missing required column(s): {', '.join(missing)}")

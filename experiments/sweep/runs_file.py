@@ -12,39 +12,10 @@ import os
 from pathlib import Path
 
 from ..measure.point import point_key
-from ..schema import COLUMNS, KEY_COLUMNS
+from ..runs_csv import RunsFileError, read_rows
+from ..schema import COLUMNS
 
-
-class RunsFileError(ValueError):
-    """runs.csv cannot be used as it is; the message says what to do."""
-
-
-def _check_header(path: Path, header: tuple[str, ...]) -> None:
-    """An older version's header (a subset of today's columns with every key column) is readable; others not."""
-    unknown = [c for c in header if c not in COLUMNS]
-    missing_keys = [c for c in KEY_COLUMNS if c not in header]
-    if unknown or missing_keys:
-        raise RunsFileError(
-            f"{path} was written with other columns (unknown: {', '.join(unknown) or 'none'}; missing key "
-            f"columns: {', '.join(missing_keys) or 'none'}); move it away or choose another --out"
-        )
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    """Complete rows of `path` (none if it does not exist), with today's columns.
-
-    A file written by an earlier version, which lacked some of today's columns, reads with those cells empty.
-    """
-    if not path.exists():
-        return []
-    text = path.read_text()
-    if not text:
-        return []
-    complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
-    reader = csv.DictReader(io.StringIO(complete))
-    header = tuple(reader.fieldnames or ())
-    _check_header(path, header)
-    return [{column: row.get(column) or "" for column in COLUMNS} for row in reader]
+__all__ = ["RunsFileError", "append_row", "latest_by_key", "read_rows"]
 
 
 def _upgrade_header(path: Path) -> None:

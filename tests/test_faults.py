@@ -1,0 +1,80 @@
+"""Bad input and faults: each stops with one line that names the field or file and the fix, before anything is
+written, or keeps every row written before it (a full disk, a torn row, two sweeps into one folder)."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.report.__main__ import main as report_main
+from experiments.report.build import build_report, load_runs
+from experiments.runs_csv import RunsFileError
+from experiments.schema import COLUMNS
+from experiments.sweep.__main__ import main
+from experiments.sweep.runs_file import append_row, read_rows
+
+TINY = """
+name = "tiny"
+mixers = ["linear"]
+presets = ["micro"]
+img_sizes = [16, 32]
+patch_sizes = [8]
+measure_train_step = false
+timeout_s = 120
+overrides = {"*" = {depth = 1}}
+
+[timing]
+warmup = 0
+min_repeats = 1
+min_time_s = 0.0
+"""
+
+
+def write_config(tmp_path: Path, text: str = TINY) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    return path
+
+
+def one_line_error(capsys, *fragments: str) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+def _row(mixer: str, img_size: int = 16) -> dict[str, object]:
+    return {"mixer": mixer, "preset": "micro", "overrides": "{}", "img_size": img_size, "patch_size": 8,
+            "batch_size": 1, "device": "cpu", "dtype": "float32", "dataset": "", "epochs": 0, "seed": 0,
+            "train": "{}", "tokens": (img_size // 8) ** 2, "status": "ok", "params": 10, "gmacs": 0.001,
+            "latency_ms": 1.0, "peak_mem_mb": 1.0}
+
+
+# --- 2, 7. one reader for the sweep and the report -----------------------------------------------------------
+
+def test_report_drops_a_torn_last_row_as_the_sweep_does(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    for img in (16, 32, 48):
+        append_row(path, _row("linear", img))
+    text = path.read_text()
+    last = text[text.rstrip("\n").rfind("\n") + 1:]
+    path.write_text(text[: len(text) - len(last)] + last[: len(last) // 2 + 20])  # killed inside the last write
+    assert len(read_rows(path)) == 2
+    assert len(load_runs(path)) == 2
+
+
+def test_stray_line_stops_the_sweep_before_it_runs(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    append_row(out / "runs.csv", _row("linear"))
+    with (out / "runs.csv").open("a") as f:
+        f.write("a note someone pasted here\n")
+    before = (out / "runs.csv").read_bytes()
+    assert main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet"]) == 2
+    one_line_error(capsys, "line 3 has 1 cells where the header has")
+    assert (out / "runs.csv").read_bytes() == before
+
+
