@@ -54,6 +54,58 @@ def _row(mixer: str, img_size: int = 16) -> dict[str, object]:
             "latency_ms": 1.0, "peak_mem_mb": 1.0}
 
 
+# --- 1. a write that fails never loses rows silently -----------------------------------------------------------
+
+def _fail_on_runs_csv(monkeypatch, behaviour: str, after: int = 0) -> None:
+    """Makes os.write on runs.csv write short (half, then nothing) or raise ENOSPC, after `after` good writes."""
+    real_write = os.write
+    seen = {"writes": 0}
+
+    def write(fd: int, data) -> int:
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith("runs.csv"):
+            return real_write(fd, data)
+        seen["writes"] += 1
+        if seen["writes"] <= after:
+            return real_write(fd, data)
+        if behaviour == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if behaviour == "short" and seen["writes"] == after + 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        return 0
+
+    monkeypatch.setattr(os, "write", write)
+
+
+@pytest.mark.parametrize("behaviour", ["short", "enospc"])
+def test_failed_write_keeps_earlier_rows_and_says_so(tmp_path: Path, monkeypatch, behaviour: str) -> None:
+    path = tmp_path / "runs.csv"
+    append_row(path, _row("attention"))
+    before = path.read_bytes()
+    _fail_on_runs_csv(monkeypatch, behaviour)
+    with pytest.raises(RunsFileError, match="cannot write a row to .*earlier row is kept"):
+        append_row(path, _row("linear"))
+    assert path.read_bytes() == before  # no half row left behind
+
+
+def test_short_writes_are_completed(tmp_path: Path, monkeypatch) -> None:
+    """os.write may write less than asked without an error: the rest follows, the row lands whole."""
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:7]))
+    path = tmp_path / "runs.csv"
+    append_row(path, _row("attention"))
+    append_row(path, _row("linear"))
+    assert [r["mixer"] for r in read_rows(path)] == ["attention", "linear"]
+
+
+def test_full_disk_stops_the_sweep_with_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    out = tmp_path / "out"
+    _fail_on_runs_csv(monkeypatch, "enospc", after=1)  # the first point's row lands, the second's does not
+    assert main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet"]) == 1
+    one_line_error(capsys, "cannot write a row to", "No space left on device", "rerun to resume")
+    assert [r["img_size"] for r in read_rows(out / "runs.csv")] == ["16"]
+    assert not (out / "summary.md").exists()  # no report of a sweep that stopped
+
+
 # --- 2, 7. one reader for the sweep and the report -----------------------------------------------------------
 
 def test_report_drops_a_torn_last_row_as_the_sweep_does(tmp_path: Path) -> None:

@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted; rows written so far are kept in {config.out_dir / 'runs.csv'}; "
               "rerun the same command to resume", file=sys.stderr)
         return 130
+    except RunsFileError as error:
+        print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
+        return 1
     print(f"runs: {runs_path} ({time.perf_counter() - started:.0f} s)")
     if not args.no_report:
         from ..report.build import build_report
