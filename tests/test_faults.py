@@ -14,6 +14,7 @@ from experiments.report.build import build_report, load_runs
 from experiments.runs_csv import RunsFileError
 from experiments.schema import COLUMNS
 from experiments.sweep.__main__ import main
+from experiments.sweep.out_dir import SweepLock
 from experiments.sweep.runs_file import append_row, read_rows
 
 TINY = """
@@ -128,5 +129,31 @@ def test_stray_line_stops_the_sweep_before_it_runs(tmp_path: Path, capsys) -> No
     assert main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet"]) == 2
     one_line_error(capsys, "line 3 has 1 cells where the header has")
     assert (out / "runs.csv").read_bytes() == before
+
+
+# --- 3, 4. the results folder ----------------------------------------------------------------------------------
+
+def test_second_sweep_into_one_folder_is_refused(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    with SweepLock(out):
+        assert main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet"]) == 2
+    err = one_line_error(capsys, "is in use by another sweep", f"pid {os.getpid()} on {os.uname().nodename}")
+    assert "started 20" in err
+    assert not (out / "runs.csv").exists()
+    assert main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet", "--no-report"]) == 0
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "read_only"])
+def test_unusable_out_is_refused_before_anything_runs(tmp_path: Path, capsys, where: str) -> None:
+    if where == "read_only" and os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    (tmp_path / "a_file").write_text("x")
+    out = {"file": tmp_path / "a_file", "under_file": tmp_path / "a_file" / "out",
+           "read_only": tmp_path / "ro" / "out"}[where]
+    if where == "read_only":
+        (tmp_path / "ro").mkdir(mode=0o555)
+    assert main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet"]) == 2
+    one_line_error(capsys, f"--out {out}")
+    assert (tmp_path / "a_file").read_text() == "x"
 
 

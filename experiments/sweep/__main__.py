@@ -18,6 +18,7 @@ from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
 from ..train.datasets import DatasetError
 from .config import ConfigError, SweepConfig, config_from_dict, load_config, named_configs
+from .out_dir import OutDirError, SweepLock, check_out_dir
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 
 # Flags that override config fields: flag name -> (field, argparse kwargs)
@@ -191,16 +192,27 @@ def main(argv: list[str] | None = None) -> int:
 
         points = config.points(list_mixers())
         check_environment(config)
-        read_rows(config.out_dir / "runs.csv")  # refuse a foreign runs.csv before running anything
+        check_out_dir(config.out_dir)
+        read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running anything
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")
-    except (ConfigError, RunsFileError, DatasetError) as error:
+    except (ConfigError, RunsFileError, DatasetError, OutDirError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
         for point in points:
             print(point.label())
         return 0
+    try:
+        with SweepLock(config.out_dir):  # one sweep per results folder; the second says who holds it
+            return _run_and_report(config, points, args)
+    except OutDirError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> int:
+    """The sweep, then its report, while this process holds the results folder."""
     started = time.perf_counter()
     try:
         runs_path = run_sweep(config, points, retry_failed=args.retry_failed, progress=not args.quiet,
