@@ -157,3 +157,80 @@ def test_unusable_out_is_refused_before_anything_runs(tmp_path: Path, capsys, wh
     assert (tmp_path / "a_file").read_text() == "x"
 
 
+# --- 5. validation: one line naming the field, exit 2, nothing written -----------------------------------------
+
+def _npz(tmp_path: Path, float_images: bool = False, negative: bool = False) -> str:
+    x = np.zeros((4, 8, 8, 3), dtype=np.float32 if float_images else np.uint8)
+    y = np.array([0, 1, -1 if negative else 0, 1])
+    path = tmp_path / "data.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x, y_test=y)
+    return str(path)
+
+
+NPZ_FLAGS = ["--epochs", "1", "--dataset", "npz", "--data-path"]
+
+
+@pytest.mark.parametrize("case,flags,message", [
+    ("nan", ["--timeout-s", "nan"], "timeout_s must be a finite number"),
+    ("inf", ["--timeout-s", "inf"], "timeout_s must be a finite number"),
+    ("memory", ["--memory-limit-mb", "-5"], "memory_limit_mb must be >= 0"),
+    ("threads", ["--num-threads", "-1"], "num_threads must be >= 0"),
+    ("float_npz", NPZ_FLAGS, "x_train must be uint8 images"),
+    ("negative_npz", NPZ_FLAGS, "y_train has negative labels"),
+])
+def test_bad_flags_are_one_line_and_write_nothing(tmp_path: Path, capsys, case: str, flags: list[str],
+                                                  message: str) -> None:
+    if case.endswith("npz"):
+        flags = [*flags, _npz(tmp_path, float_images=case == "float_npz", negative=case == "negative_npz")]
+    out = tmp_path / "out"
+    try:
+        code = main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet", *flags])
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    assert code == 2
+    one_line_error(capsys, message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    ('runs = 5\n', "runs must be a list of tables"),
+    ('runs = [5]\n', "runs must be a list of tables"),
+    ('overrides = {"*" = 5}\n', "overrides.'*' must be a table"),
+    ('[timing]\nwarmup = "1"\n', "timing.warmup must be an integer"),
+    ('[timing]\nmin_time_s = nan\n', "timing.min_time_s must be a finite number"),
+])
+def test_bad_config_values_are_one_line(tmp_path: Path, capsys, text: str, message: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('mixers = ["linear"]\n' + text)
+    out = tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out)]) == 2
+    one_line_error(capsys, message)
+    assert not out.exists()
+
+
+def test_unreadable_config_files_are_one_line(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('description = "café"\n'.encode("latin-1"))
+    assert main(["--config", str(latin1), "--out", str(out)]) == 2
+    one_line_error(capsys, "not UTF-8")
+    folder = tmp_path / "folder.toml"
+    folder.mkdir()
+    assert main(["--config", str(folder), "--out", str(out)]) == 2
+    one_line_error(capsys, "is not a file")
+    assert not out.exists()
+
+
+def test_non_utf8_runs_csv_is_one_line(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "runs.csv").write_bytes(",".join(COLUMNS).encode() + b"\n\xff\xfe\n")
+    assert main(["--config", str(write_config(tmp_path)), "--out", str(out)]) == 2
+    one_line_error(capsys, "line 2 is not UTF-8")
+    assert read_rows_bytes(out) == ",".join(COLUMNS).encode() + b"\n\xff\xfe\n"
+
+
+def read_rows_bytes(out: Path) -> bytes:
+    return (out / "runs.csv").read_bytes()
+
+

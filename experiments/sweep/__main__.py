@@ -74,9 +74,9 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     values, source = load_config(args.config)
     flags = {name: getattr(args, name) for name in _FIELD_FLAGS if getattr(args, name) is not None}
     values = {**values, **flags}
-    if flags and values.get("runs"):
+    if flags and isinstance(values.get("runs"), list):  # anything else is refused by config_from_dict
         run_flags = {k: v for k, v in flags.items() if k not in ("out", "launcher")}
-        values["runs"] = [{**run, **run_flags} for run in values["runs"]]
+        values["runs"] = [{**run, **run_flags} if isinstance(run, dict) else run for run in values["runs"]]
     return config_from_dict(values, source)
 
 
