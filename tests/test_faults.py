@@ -177,6 +177,7 @@ NPZ_FLAGS = ["--epochs", "1", "--dataset", "npz", "--data-path"]
     ("threads", ["--num-threads", "-1"], "num_threads must be >= 0"),
     ("float_npz", NPZ_FLAGS, "x_train must be uint8 images"),
     ("negative_npz", NPZ_FLAGS, "y_train has negative labels"),
+    ("abbreviation", ["--mixer", "linear"], "unrecognized arguments: --mixer"),
 ])
 def test_bad_flags_are_one_line_and_write_nothing(tmp_path: Path, capsys, case: str, flags: list[str],
                                                   message: str) -> None:
@@ -234,3 +235,47 @@ def read_rows_bytes(out: Path) -> bytes:
     return (out / "runs.csv").read_bytes()
 
 
+# --- 6, 8, 9. the report -----------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def reported(tmp_path: Path) -> Path:
+    for img in (16, 32, 64):
+        append_row(tmp_path / "runs.csv", {**_row("linear", img), "gmacs": 0.001 * img, "latency_ms": 0.1 * img})
+    build_report(tmp_path)
+    return tmp_path
+
+
+def test_failed_rebuild_keeps_the_old_report(reported: Path, monkeypatch) -> None:
+    import experiments.report.build as build
+
+    old = {p: p.read_bytes() for p in reported.rglob("*") if p.is_file()}
+    assert any(p.suffix == ".png" for p in old)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(build, "write_figures", fails)
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        build_report(reported)
+    assert {p: p.read_bytes() for p in reported.rglob("*") if p.is_file()} == old  # nothing lost, nothing left
+
+
+def test_readme_is_checked_before_the_report_is_rewritten(reported: Path, capsys) -> None:
+    summary = (reported / "summary.md").stat().st_mtime_ns
+    assert report_main([str(reported), "--readme", str(reported / "MISSING.md")]) == 2
+    one_line_error(capsys, "MISSING.md: cannot read it")
+    assert (reported / "summary.md").stat().st_mtime_ns == summary
+
+
+def test_report_refuses_abbreviated_flags(reported: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        report_main([str(reported), "--read", "README.md"])
+    assert exit_.value.code == 2
+
+
+def test_summary_counts_diverged_points_as_ran(tmp_path: Path) -> None:
+    for img in (16, 32):
+        append_row(tmp_path / "runs.csv", {**_row("linear", img), "status": "diverged", "epochs": 1,
+                                           "dataset": "pathfinder", "accuracy": 0.5})
+    build_report(tmp_path)
+    assert "Cost: 2 points (all ran)" in (tmp_path / "summary.md").read_text()

@@ -10,6 +10,9 @@ model code, so it runs anywhere the CSV can be copied.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,7 +43,7 @@ TEXT_COLUMNS: frozenset[str] = frozenset({
 # Numeric columns that place a point: a row without them is unusable.
 INTEGER_KEYS: tuple[str, ...] = ("img_size", "patch_size", "batch_size", "epochs", "seed", "tokens")
 
-# Subfolders the report owns: rebuilt from scratch, so no figure outlives the data it came from.
+# Subfolders the report owns: rebuilt whole each time, so no figure outlives the data it came from.
 TABLES_DIR, FIGURES_DIR = "tables", "figures"
 _GENERATED_SUFFIXES = (".csv", ".md", ".tex", ".png", ".pdf")
 
@@ -135,8 +138,29 @@ def build_report(sweep_dir: Path) -> list[Path]:
     if sweep_dir.is_file():
         sweep_dir = sweep_dir.parent
     runs = load_runs(sweep_dir / "runs.csv")
-    tables_dir, figures_dir = _fresh_dir(sweep_dir / TABLES_DIR), _fresh_dir(sweep_dir / FIGURES_DIR)
+    # Everything is written into a staging folder beside the old report and moved over it only once complete,
+    # file by file with os.replace: a failure (or a kill) midway leaves the previous report as it was.
+    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=sweep_dir))
+    try:
+        tables, figures = _write_outputs(runs, staging / TABLES_DIR, staging / FIGURES_DIR)
+        tables = [sweep_dir / p.relative_to(staging) for p in tables]
+        figures = [sweep_dir / p.relative_to(staging) for p in figures]
+        keys = curve_keys(runs)
+        exponent_frames = report_tables.exponent_tables(exponent_table(runs), keys)
+        crossover_frames = report_tables.crossover_tables(crossover_table(runs), keys)
+        (staging / "summary.md").write_text(
+            render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1]), encoding="utf-8")
+        summary = sweep_dir / "summary.md"
+        _publish(staging, sweep_dir, tables + figures + [summary])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return tables + figures + [summary]
 
+
+def _write_outputs(runs: pd.DataFrame, tables_dir: Path, figures_dir: Path) -> tuple[list[Path], list[Path]]:
+    """Every table and figure of `runs`, written into the two (new) folders."""
+    tables_dir.mkdir(parents=True)
+    figures_dir.mkdir(parents=True)
     keys = curve_keys(runs)
     exponents, crossovers = exponent_table(runs), crossover_table(runs)
     costs = report_tables.cost_tables(runs)
@@ -149,11 +173,20 @@ def build_report(sweep_dir: Path) -> list[Path]:
     if not accuracy_rows(runs).empty:
         tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",
                                             TABLE_CAPTIONS["accuracy"])
-    figures = write_figures(runs, exponents, crossovers, figures_dir)
-    summary = sweep_dir / "summary.md"
-    summary.write_text(render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1]),
-                       encoding="utf-8")
-    return tables + figures + [summary]
+    return tables, write_figures(runs, exponents, crossovers, figures_dir)
+
+
+def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
+    """Moves the complete new report from `staging` over the old one, summary.md last, then removes the files a
+    previous report wrote that this one did not (so no figure outlives the data it came from)."""
+    for path in written:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / path.relative_to(sweep_dir), path)
+    keep = set(written)
+    for folder in (sweep_dir / TABLES_DIR, sweep_dir / FIGURES_DIR):
+        for stale in folder.iterdir():
+            if stale.is_file() and stale.suffix in _GENERATED_SUFFIXES and stale not in keep:
+                stale.unlink()
 
 
 def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.DataFrame,
@@ -178,15 +211,6 @@ def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.Da
         if not accuracy_rows(runs).empty:
             paths += accuracy_figures(runs, out_dir)
     return paths
-
-
-def _fresh_dir(path: Path) -> Path:
-    """Create `path`, removing the files a previous report wrote there."""
-    path.mkdir(parents=True, exist_ok=True)
-    for stale in path.iterdir():
-        if stale.is_file() and stale.suffix in _GENERATED_SUFFIXES:
-            stale.unlink()
-    return path
 
 
 def render_summary(sweep_dir: Path, runs: pd.DataFrame, tables: list[Path], figures: list[Path],
@@ -253,7 +277,8 @@ def _setup_lines(runs: pd.DataFrame) -> list[str]:
     overrides = sorted(set(runs["overrides"]) - {"", "{}"})
     lines.append(f"- Model: {model}, " + (f"overrides {'; '.join(overrides)}" if overrides else "no overrides"))
     points = cost_points(runs, [])
-    ok = int((points["status"] == "ok").sum())
+    # A diverged point's training failed after its costs were measured: its latency and memory count as ran.
+    ok = int(points["status"].isin(["ok", "diverged"]).sum())
     tokens = sorted(points["tokens"].unique())
     ran = "all ran" if ok == len(points) else f"{ok} ran"
     lines.append(
@@ -357,14 +382,28 @@ def _figure_links(figures: list[Path], link: Callable[[Path], str]) -> list[str]
 HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 
+def check_headline_target(readme: Path) -> str:
+    """The text of `readme`, after checking it can take a headline (so a report is not rebuilt for nothing).
+
+    Raises:
+        ReportError: the file is missing, unreadable, or has no headline markers.
+    """
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else type(error).__name__
+        raise ReportError(f"--readme {readme}: cannot read it ({reason}); give an existing Markdown file") from None
+    if HEADLINE_START not in text or HEADLINE_END not in text:
+        raise ReportError(f"{readme} has no {HEADLINE_START} ... {HEADLINE_END} markers to write between")
+    return text
+
+
 def write_headline(readme: Path, sweep_dir: Path) -> None:
     """Replace the text between the headline markers of `readme` with this sweep's wall figure and tables.
 
     The README's first screen shows measured results, so they are generated here from runs.csv, never typed.
     """
-    text = readme.read_text(encoding="utf-8")
-    if HEADLINE_START not in text or HEADLINE_END not in text:
-        raise ReportError(f"{readme} has no {HEADLINE_START} ... {HEADLINE_END} markers to write between")
+    text = check_headline_target(readme)
     runs = load_runs(sweep_dir / "runs.csv")
     keys = curve_keys(runs)
     exponents = report_tables.exponent_tables(exponent_table(runs), keys)[1]

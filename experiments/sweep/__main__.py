@@ -51,6 +51,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m experiments.sweep",
+        allow_abbrev=False,  # a typo of one flag must not silently set another
         description=__doc__.split("\n\n")[0] + " With no arguments it runs the embedded default sweep "
         "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, a short pathfinder training run) into "
         "results/local/default/. Command-line flags override the chosen --config.",
