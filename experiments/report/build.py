@@ -336,6 +336,24 @@ def _provenance_lines(runs: pd.DataFrame) -> list[str]:
     timestamps = sorted(t for t in runs["timestamp"] if t)
     if timestamps:
         lines.append(f"- measured: {timestamps[0]} to {timestamps[-1]}")
+    return lines + _load_lines(runs)
+
+
+# A 1-minute load average at a sweep's start from this much up means other work held about a core.
+BUSY_LOAD = 0.75
+
+
+def _load_lines(runs: pd.DataFrame) -> list[str]:
+    """The machine's load while the points ran, and a warning when other work made it busy."""
+    start, end = runs["load_start"].dropna(), runs["load_end"].dropna()
+    if start.empty:
+        return []
+    lines = [f"- load average (1 min): {start.min():g} to {start.max():g} when the sweep(s) started, "
+             f"{end.min():g} to {end.max():g} when points ended (own threads included)"]
+    if start.max() >= BUSY_LOAD:
+        lines.append(f"- **the machine was busy**: other work held a load of up to {start.max():g} when a sweep "
+                     "started; CPU threads were chosen from the free cores (cpu_threads above), and latencies are "
+                     "slower and noisier than on a quiet machine: compare mixers within one sweep, as ratios")
     return lines
 
 

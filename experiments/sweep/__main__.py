@@ -18,6 +18,7 @@ from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
 from ..train.datasets import DatasetError
 from .config import ConfigError, SweepConfig, config_from_dict, load_config, named_configs
+from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
 from .out_dir import OutDirError, SweepLock, check_out_dir
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 
@@ -35,9 +36,11 @@ _FIELD_FLAGS = {
     "dataset": dict(help="data set to train on: pathfinder, pathfinder_scaled, cifar10, cifar100, npz, imagefolder"),
     "data_dir": dict(metavar="DIR", help="folder of cifar10/cifar100/imagefolder data"),
     "data_path": dict(metavar="FILE", help="the .npz file for --dataset npz"),
-    "timeout_s": dict(type=float, metavar="S", help="per-point time limit; a point over it is recorded as timeout"),
-    "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on what one point may allocate (emulates less memory)"),
-    "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: torch's default)"),
+    "timeout_s": dict(type=float, metavar="S", help="per-point time limit, raised for a point whose predicted cost on "
+                      "this machine needs more; a point over its limit is recorded as timeout"),
+    "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on the address space one point may add (emulates "
+                            "less memory; thread stacks and allocator arenas count, so tensors hit it sooner)"),
+    "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: the cores free when the sweep starts)"),
     "launcher": dict(choices=["local", "submitit"], help="local: one isolated process per point; submitit: a job per point"),
     "out": dict(metavar="DIR", help="results folder (default: results/local/<config name>; committed references live in results/<config name>)"),
 }
@@ -155,6 +158,7 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     runs_path = config.out_dir / "runs.csv"
     done = latest_by_key(read_rows(runs_path))
     todo = pending_points(points, done, retry_failed)
+    todo, load_start, machine_note = _fit_to_machine(todo)
     wall = MemoryWall()
     if not retry_failed:
         for row in done.values():
@@ -163,7 +167,7 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     launcher = make_launcher(config, slurm_partition)
     bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
     bar.write(f"{config.name}: {len(points)} points, {len(points) - len(todo)} already in {runs_path}, "
-              f"{len(todo)} to run")
+              f"{len(todo)} to run{machine_note}")
 
     def record(point: Point, row: dict) -> None:
         if "macs_analytic" not in row:  # the point never reported: fill in what the configuration tells
@@ -171,7 +175,9 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
         if wanted_train_step[point.key] and not point.measure_train_step and row.get("status") == "ok":
             row["train_status"] = "skipped"
             row["error"] = f"train step not attempted: out of memory at {wall.train_step_skipped(point)} tokens"
-        row = {**row, **key_columns(point)}
+        if row.get("cpu_threads") in (None, "") and point.num_threads:  # a point that never reported
+            row["cpu_threads"] = point.num_threads
+        row = {**row, **key_columns(point), "load_start": load_start, "load_end": load_average()}
         append_row(runs_path, row)
         wall.add(row)
         bar.write(summary_line(point, row))
@@ -182,6 +188,23 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     finally:
         bar.close()
     return runs_path
+
+
+def _fit_to_machine(todo: list[Point]) -> tuple[list[Point], float, str]:
+    """Threads from the cores free now and time limits from a calibrated rate (experiments/sweep/machine.py):
+    (the points adjusted, the load average at the start, a note for the first progress line)."""
+    from ..measure.run import describe_without_running
+
+    load_start = load_average()
+    if not todo:
+        return todo, load_start, ""
+    cpus, busy = usable_cpus(), busy_cores()
+    threads = choose_threads(cpus, busy)
+    rate = matmul_rate(threads)
+    macs = {p.key: describe_without_running(p).get("macs_analytic") for p in todo}
+    note = (f"; {cpus} cpus, {busy:.1f} busy with other work (load average {load_start:g}): "
+            f"{threads} thread{'s' * (threads > 1)} per CPU point")
+    return fit_to_machine(todo, threads, rate, macs), load_start, note
 
 
 def main(argv: list[str] | None = None) -> int:
