@@ -110,7 +110,9 @@ def test_timing_reaches_count_and_time() -> None:
     timing = time_call(lambda: calls.append(1), torch.device("cpu"), TimingProtocol(warmup=2, min_repeats=4, min_time_s=0))
     assert timing.repeats == 4 and len(calls) == 6
     timing = time_call(lambda: time.sleep(0.01), torch.device("cpu"), TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.05))
-    assert timing.repeats >= 5 and timing.median_ms >= 10 and timing.iqr_ms >= 0
+    # sleep(0.01) oversleeps on a busy machine, so fewer than 5 may reach 0.05 s; more than the minimum of 1 must
+    assert timing.repeats >= 2 and timing.median_ms >= 10 and timing.iqr_ms >= 0
+    assert timing.repeats * timing.median_ms >= 50 * 0.8
 
 
 def point(**kwargs) -> Point:
