@@ -158,13 +158,15 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     runs_path = config.out_dir / "runs.csv"
     done = latest_by_key(read_rows(runs_path))
     todo = pending_points(points, done, retry_failed)
-    todo, load_start, machine_note = _fit_to_machine(todo)
+    load_start, machine_note = load_average(), ""
+    if slurm_partition is None:  # points run on this machine: fit them to what it has free now
+        todo, load_start, machine_note = _fit_to_machine(todo)
     wall = MemoryWall()
     if not retry_failed:
         for row in done.values():
             wall.add(row)
     wanted_train_step = {p.key: p.measure_train_step for p in todo}
-    launcher = make_launcher(config, slurm_partition)
+    launcher = make_launcher(config, slurm_partition, max((p.timeout_s for p in todo), default=0.0))
     bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
     bar.write(f"{config.name}: {len(points)} points, {len(points) - len(todo)} already in {runs_path}, "
               f"{len(todo)} to run{machine_note}")
