@@ -78,6 +78,8 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "cudnn_benchmark",  # torch.backends.cudnn.benchmark
     "gpu_clock_mhz",  # SM clock nvidia-smi reported when the point ended; empty where it does not answer
     "driver_version",  # NVIDIA driver; empty on CPU
+    "load_start",  # 1-minute load average when the sweep started, before it ran anything: other work's load
+    "load_end",  # 1-minute load average when the point ended (includes the sweep's own threads)
     "point_seconds",  # wall time of the whole point, including counting and training
     # the planner's prediction before the point ran (experiments/sweep/plan.py); empty when uncalibrated
     "predicted_latency_ms",

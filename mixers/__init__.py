@@ -3,6 +3,7 @@
 Each built-in mixer module is imported explicitly here (no directory scanning), so a broken mixer fails loudly.
 To add a mixer, write `mixers/<name>.py` with a `@register_mixer("<name>")` class and add its import below.
 """
+from . import flop_formulas  # noqa: F401  (FLOP formulas some torch releases lack; before any counter)
 from .base import Grid, TokenMixer
 from .registry import create_mixer, get_mixer_class, list_mixers, register_mixer
 

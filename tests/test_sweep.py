@@ -83,11 +83,12 @@ def test_killed_sweep_resumes_without_loss(tmp_path: Path) -> None:
 
 def test_half_written_row_is_dropped(tmp_path: Path) -> None:
     path = tmp_path / "runs.csv"
-    append_row(path, {"mixer": "attention", "status": "ok"})
+    keys = {"img_size": 32, "patch_size": 8, "batch_size": 1, "epochs": 0, "seed": 0}  # every row has them
+    append_row(path, {"mixer": "attention", "status": "ok", **keys})
     with path.open("a") as f:
         f.write("linear,micro,{},3")  # a write cut short: no newline
     assert len(read_rows(path)) == 1
-    append_row(path, {"mixer": "swin", "status": "ok"})
+    append_row(path, {"mixer": "swin", "status": "ok", **keys})
     assert [r["mixer"] for r in read_rows(path)] == ["attention", "swin"]
     assert list(csv.reader(path.open()))[0] == list(COLUMNS)
 

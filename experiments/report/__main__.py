@@ -19,13 +19,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from .build import ReportError, build_report, load_runs, write_headline
+from .build import ReportError, build_report, check_headline_target, load_runs, write_headline
 from .claims import ClaimsError, write_claims
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: build the report, or print a one-line error and return 2."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0],
+                                     allow_abbrev=False)  # a typo of one flag must not silently set another
     parser.add_argument("sweep_dir", type=Path, help="the sweep folder holding runs.csv, e.g. results/default")
     parser.add_argument("--readme", type=Path, default=None, metavar="README.md",
                         help="also write this sweep's headline (wall figure, exponents, crossovers) between the "
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(e.g. vim_1248) or a TOML path; adds tables/claims.* and a section to summary.md")
     args = parser.parse_args(argv)
     try:
+        if args.readme:
+            check_headline_target(args.readme, args.headline)  # before the report is rewritten, not after
         written = build_report(args.sweep_dir)
         if args.claims:
             sweep_dir = args.sweep_dir.parent if args.sweep_dir.is_file() else args.sweep_dir

@@ -10,12 +10,16 @@ model code, so it runs anywhere the CSV can be copied.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
 
+from ..runs_csv import OPTIONAL_KEYS, RunsFileError, read_table
 from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
 from . import tables as report_tables
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
@@ -25,9 +29,6 @@ from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicte
 from .crossover import (
     FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
 )
-
-# Key columns added after the first sweeps were recorded, with the value an older runs.csv implies.
-OPTIONAL_KEYS: dict[str, str] = {"train": "{}", "compile": ""}
 
 # Without these a point cannot be placed or its costs read: the rest of the schema is optional.
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPTIONAL_KEYS) + (
@@ -43,7 +44,7 @@ TEXT_COLUMNS: frozenset[str] = frozenset({
 # Numeric columns that place a point: a row without them is unusable.
 INTEGER_KEYS: tuple[str, ...] = ("img_size", "patch_size", "batch_size", "epochs", "seed", "tokens")
 
-# Subfolders the report owns: rebuilt from scratch, so no figure outlives the data it came from.
+# Subfolders the report owns: rebuilt whole each time, so no figure outlives the data it came from.
 TABLES_DIR, FIGURES_DIR = "tables", "figures"
 _GENERATED_SUFFIXES = (".csv", ".md", ".tex", ".png", ".pdf")
 
@@ -79,14 +80,13 @@ def load_runs(path: Path) -> pd.DataFrame:
     """
     if not path.is_file():
         raise ReportError(f"no runs.csv at {path}")
-    try:
-        runs = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
-    except pd.errors.EmptyDataError:
-        raise ReportError(f"{path} is empty") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
-        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise ReportError(f"cannot parse {path}: {reason}") from None
-    runs.columns = runs.columns.str.strip()
+    try:  # the sweep's reader: a torn last line, a stray line or a bad key reads the same for both
+        header, rows = read_table(path)
+    except RunsFileError as error:
+        raise ReportError(str(error)) from None
+    if not header:
+        raise ReportError(f"{path} is empty")
+    runs = pd.DataFrame(rows, columns=list(header), dtype=str)
     missing = [c for c in REQUIRED_COLUMNS if c not in runs.columns]
     if missing:
         raise ReportError(f"{path} is missing required column(s): {', '.join(missing)}")
@@ -140,8 +140,32 @@ def build_report(sweep_dir: Path) -> list[Path]:
     if sweep_dir.is_file():
         sweep_dir = sweep_dir.parent
     runs = load_runs(sweep_dir / "runs.csv")
-    tables_dir, figures_dir = _fresh_dir(sweep_dir / TABLES_DIR), _fresh_dir(sweep_dir / FIGURES_DIR)
+    # Everything is written into a staging folder beside the old report and moved over it only once complete,
+    # file by file with os.replace: a failure (or a kill) midway leaves the previous report as it was.
+    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=sweep_dir))
+    try:
+        tables, figures = _write_outputs(runs, staging / TABLES_DIR, staging / FIGURES_DIR)
+        tables = [sweep_dir / p.relative_to(staging) for p in tables]
+        figures = [sweep_dir / p.relative_to(staging) for p in figures]
+        keys = curve_keys(runs)
+        exponent_frames = report_tables.exponent_tables(exponent_table(runs), keys)
+        crossover_frames = report_tables.crossover_tables(crossover_table(runs), keys)
+        text = render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1])
+        planner = plan_accuracy_summary(runs)
+        if not planner.empty:
+            text += "\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner)
+        (staging / "summary.md").write_text(text, encoding="utf-8")
+        summary = sweep_dir / "summary.md"
+        _publish(staging, sweep_dir, tables + figures + [summary])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return tables + figures + [summary]
 
+
+def _write_outputs(runs: pd.DataFrame, tables_dir: Path, figures_dir: Path) -> tuple[list[Path], list[Path]]:
+    """Every table and figure of `runs`, written into the two (new) folders."""
+    tables_dir.mkdir(parents=True)
+    figures_dir.mkdir(parents=True)
     keys = curve_keys(runs)
     exponents, crossovers = exponent_table(runs), crossover_table(runs)
     costs = report_tables.cost_tables(runs)
@@ -157,14 +181,20 @@ def build_report(sweep_dir: Path) -> list[Path]:
     if not predicted_rows(runs).empty:
         tables += report_tables.write_table(*plan_accuracy_tables(runs), tables_dir / "plan_accuracy",
                                             TABLE_CAPTIONS["plan_accuracy"])
-    figures = write_figures(runs, exponents, crossovers, figures_dir)
-    summary = sweep_dir / "summary.md"
-    text = render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1])
-    planner = plan_accuracy_summary(runs)
-    if not planner.empty:
-        text += ("\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner))
-    summary.write_text(text, encoding="utf-8")
-    return tables + figures + [summary]
+    return tables, write_figures(runs, exponents, crossovers, figures_dir)
+
+
+def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
+    """Moves the complete new report from `staging` over the old one, summary.md last, then removes the files a
+    previous report wrote that this one did not (so no figure outlives the data it came from)."""
+    for path in written:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / path.relative_to(sweep_dir), path)
+    keep = set(written)
+    for folder in (sweep_dir / TABLES_DIR, sweep_dir / FIGURES_DIR):
+        for stale in folder.iterdir():
+            if stale.is_file() and stale.suffix in _GENERATED_SUFFIXES and stale not in keep:
+                stale.unlink()
 
 
 def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.DataFrame,
@@ -189,15 +219,6 @@ def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.Da
         if not accuracy_rows(runs).empty:
             paths += accuracy_figures(runs, out_dir)
     return paths
-
-
-def _fresh_dir(path: Path) -> Path:
-    """Create `path`, removing the files a previous report wrote there."""
-    path.mkdir(parents=True, exist_ok=True)
-    for stale in path.iterdir():
-        if stale.is_file() and stale.suffix in _GENERATED_SUFFIXES:
-            stale.unlink()
-    return path
 
 
 def render_summary(sweep_dir: Path, runs: pd.DataFrame, tables: list[Path], figures: list[Path],
@@ -265,7 +286,8 @@ def _setup_lines(runs: pd.DataFrame) -> list[str]:
     plain = " and none" if overrides and set(runs["overrides"]) & {"", "{}"} else ""
     lines.append(f"- Model: {model}, " + (f"overrides {'; '.join(overrides)}{plain}" if overrides else "no overrides"))
     points = cost_points(runs, [])
-    ok = int((points["status"] == "ok").sum())
+    # A diverged point's training failed after its costs were measured: its latency and memory count as ran.
+    ok = int(points["status"].isin(["ok", "diverged"]).sum())
     tokens = sorted(points["tokens"].unique())
     ran = "all ran" if ok == len(points) else f"{ok} ran"
     lines.append(
@@ -323,6 +345,24 @@ def _provenance_lines(runs: pd.DataFrame) -> list[str]:
     timestamps = sorted(t for t in runs["timestamp"] if t)
     if timestamps:
         lines.append(f"- measured: {timestamps[0]} to {timestamps[-1]}")
+    return lines + _load_lines(runs)
+
+
+# A 1-minute load average at a sweep's start from this much up means other work held about a core.
+BUSY_LOAD = 0.75
+
+
+def _load_lines(runs: pd.DataFrame) -> list[str]:
+    """The machine's load while the points ran, and a warning when other work made it busy."""
+    start, end = runs["load_start"].dropna(), runs["load_end"].dropna()
+    if start.empty:
+        return []
+    lines = [f"- load average (1 min): {start.min():g} to {start.max():g} when the sweep(s) started, "
+             f"{end.min():g} to {end.max():g} when points ended (own threads included)"]
+    if start.max() >= BUSY_LOAD:
+        lines.append(f"- **the machine was busy**: other work held a load of up to {start.max():g} when a sweep "
+                     "started; CPU threads were chosen from the free cores (cpu_threads above), and latencies are "
+                     "slower and noisier than on a quiet machine: compare mixers within one sweep, as ratios")
     return lines
 
 
@@ -376,6 +416,23 @@ def headline_markers(section: str = "") -> tuple[str, str]:
     return f"<!-- headline:{section}:start -->", f"<!-- headline:{section}:end -->"
 
 
+def check_headline_target(readme: Path, section: str = "") -> str:
+    """The text of `readme`, after checking it can take a headline (so a report is not rebuilt for nothing).
+
+    Raises:
+        ReportError: the file is missing, unreadable, or has no headline markers.
+    """
+    start_marker, end_marker = headline_markers(section)
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else type(error).__name__
+        raise ReportError(f"--readme {readme}: cannot read it ({reason}); give an existing Markdown file") from None
+    if start_marker not in text or end_marker not in text:
+        raise ReportError(f"{readme} has no {start_marker} ... {end_marker} markers to write between")
+    return text
+
+
 def write_headline(readme: Path, sweep_dir: Path, section: str = "") -> None:
     """Replace the text between the headline markers of `readme` with this sweep's wall figure and tables.
 
@@ -383,9 +440,7 @@ def write_headline(readme: Path, sweep_dir: Path, section: str = "") -> None:
     `section` names another pair of markers (`<!-- headline:gpu:start -->`), so one README holds several.
     """
     start_marker, end_marker = headline_markers(section)
-    text = readme.read_text(encoding="utf-8")
-    if start_marker not in text or end_marker not in text:
-        raise ReportError(f"{readme} has no {start_marker} ... {end_marker} markers to write between")
+    text = check_headline_target(readme, section)
     runs = load_runs(sweep_dir / "runs.csv")
     keys = curve_keys(runs)
     exponents = report_tables.exponent_tables(exponent_table(runs), keys)[1]

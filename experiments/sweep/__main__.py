@@ -20,6 +20,8 @@ from ..schema import KEY_COLUMNS
 from ..train.datasets import DatasetError
 from .config import ConfigError, SweepConfig, config_from_dict, load_config, named_configs
 from .plan import Budget, Planner, budget_order, load_note, plan_lines
+from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
+from .out_dir import OutDirError, SweepLock, check_out_dir
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 
 # Flags that override config fields: flag name -> (field, argparse kwargs)
@@ -36,9 +38,11 @@ _FIELD_FLAGS = {
     "dataset": dict(help="data set to train on: pathfinder, pathfinder_scaled, cifar10, cifar100, npz, imagefolder"),
     "data_dir": dict(metavar="DIR", help="folder of cifar10/cifar100/imagefolder data"),
     "data_path": dict(metavar="FILE", help="the .npz file for --dataset npz"),
-    "timeout_s": dict(type=float, metavar="S", help="per-point time limit; a point over it is recorded as timeout"),
-    "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on what one point may allocate (emulates less memory)"),
-    "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: torch's default)"),
+    "timeout_s": dict(type=float, metavar="S", help="per-point time limit, raised for a point whose predicted cost on "
+                      "this machine needs more; a point over its limit is recorded as timeout"),
+    "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on the address space one point may add (emulates "
+                            "less memory; thread stacks and allocator arenas count, so tensors hit it sooner)"),
+    "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: the cores free when the sweep starts)"),
     "compile": dict(metavar="MODE", help="time a torch.compile'd model (default, max-autotune, ...); none: eager; "
                     "a separate key, so compiled rows sit beside eager ones"),
     "launcher": dict(choices=["local", "submitit"], help="local: one isolated process per point; submitit: a job per point"),
@@ -54,6 +58,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m experiments.sweep",
+        allow_abbrev=False,  # a typo of one flag must not silently set another
         description=__doc__.split("\n\n")[0] + " With no arguments it runs the embedded default sweep "
         "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, a short pathfinder training run) into "
         "results/local/default/. Command-line flags override the chosen --config.",
@@ -86,9 +91,9 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     values, source = load_config(args.config)
     flags = {name: getattr(args, name) for name in _FIELD_FLAGS if getattr(args, name) is not None}
     values = {**values, **flags}
-    if flags and values.get("runs"):
+    if flags and isinstance(values.get("runs"), list):  # anything else is refused by config_from_dict
         run_flags = {k: v for k, v in flags.items() if k not in ("out", "launcher")}
-        values["runs"] = [{**run, **run_flags} for run in values["runs"]]
+        values["runs"] = [{**run, **run_flags} if isinstance(run, dict) else run for run in values["runs"]]
     return config_from_dict(values, source)
 
 
@@ -168,6 +173,9 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     runs_path = config.out_dir / "runs.csv"
     done = latest_by_key(read_rows(runs_path))
     todo = pending_points(points, done, retry_failed)
+    load_start, machine_note = load_average(), ""
+    if slurm_partition is None:  # points run on this machine: fit them to what it has free now
+        todo, load_start, machine_note = _fit_to_machine(todo)
     wall = MemoryWall()
     if not retry_failed:
         for row in done.values():
@@ -177,10 +185,10 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
         pending = {p.key for p in todo}
         todo = [p for p in budget_order(points, {p.key: planner.predict(p) for p in points}) if p.key in pending]
     wanted_train_step = {p.key: p.measure_train_step for p in todo}
-    launcher = make_launcher(config, slurm_partition)
+    launcher = make_launcher(config, slurm_partition, max((p.timeout_s for p in todo), default=0.0))
     bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
     bar.write(f"{config.name}: {len(points)} points, {len(points) - len(todo)} already in {runs_path}, "
-              f"{len(todo)} to run")
+              f"{len(todo)} to run{machine_note}")
 
     def record(point: Point, row: dict) -> None:
         if budget and budget.cut_short(point, row):
@@ -194,7 +202,9 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
         if wanted_train_step[point.key] and not point.measure_train_step and row.get("status") == "ok":
             row["train_status"] = "skipped"
             row["error"] = f"train step not attempted: out of memory at {wall.train_step_skipped(point)} tokens"
-        row = {**row, **key_columns(point)}
+        if row.get("cpu_threads") in (None, "") and point.num_threads:  # a point that never reported
+            row["cpu_threads"] = point.num_threads
+        row = {**row, **key_columns(point), "load_start": load_start, "load_end": load_average()}
         append_row(runs_path, row)
         wall.add(row)
         bar.write(summary_line(point, row))
@@ -210,6 +220,23 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     return runs_path
 
 
+def _fit_to_machine(todo: list[Point]) -> tuple[list[Point], float, str]:
+    """Threads from the cores free now and time limits from a calibrated rate (experiments/sweep/machine.py):
+    (the points adjusted, the load average at the start, a note for the first progress line)."""
+    from ..measure.run import describe_without_running
+
+    load_start = load_average()
+    if not todo:
+        return todo, load_start, ""
+    cpus, busy = usable_cpus(), busy_cores()
+    threads = choose_threads(cpus, busy)
+    rate = matmul_rate(threads)
+    macs = {p.key: describe_without_running(p).get("macs_analytic") for p in todo}
+    note = (f"; {cpus} cpus, {busy:.1f} busy with other work (load average {load_start:g}): "
+            f"{threads} thread{'s' * (threads > 1)} per CPU point")
+    return fit_to_machine(todo, threads, rate, macs), load_start, note
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -219,23 +246,44 @@ def main(argv: list[str] | None = None) -> int:
 
         points = config.points(list_mixers())
         check_environment(config, dry_run=args.dry_run)
-        read_rows(config.out_dir / "runs.csv")  # refuse a foreign runs.csv before running anything
+        if not args.dry_run:
+            check_out_dir(config.out_dir)
+        read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running anything
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")
-    except (ConfigError, RunsFileError, DatasetError) as error:
+    except (ConfigError, RunsFileError, DatasetError, OutDirError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
-    started = time.perf_counter()
-    planner = None
-    if args.dry_run or not args.no_plan or args.budget_minutes:
-        # A budgeted sweep spends at most a fifth of its budget calibrating; its own rows refine the fit after.
-        planner = Planner.build(points, config.out_dir / "runs.csv", extra_runs=args.calibrate_from,
-                                calibration_s=args.budget_minutes * 12 if args.budget_minutes else math.inf)
     if args.dry_run:
-        order = budget_order(points, {p.key: planner.predict(p) for p in points}) if args.budget_minutes else points
-        print("\n".join(plan_lines(planner, points, order, args.budget_minutes)))
-        print(f"(planned in {time.perf_counter() - started:.1f} s; {load_note()})")
-        return 0
+        return _dry_run(config, points, args)
+    try:
+        with SweepLock(config.out_dir):  # one sweep per results folder; the second says who holds it
+            return _run_and_report(config, points, args)
+    except OutDirError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _build_planner(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> Planner:
+    # A budgeted sweep spends at most a fifth of its budget calibrating; its own rows refine the fit after.
+    return Planner.build(points, config.out_dir / "runs.csv", extra_runs=args.calibrate_from,
+                         calibration_s=args.budget_minutes * 12 if args.budget_minutes else math.inf)
+
+
+def _dry_run(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> int:
+    """Prints the plan: every point with its predicted cost, in the order a budgeted sweep would run them."""
+    started = time.perf_counter()
+    planner = _build_planner(config, points, args)
+    order = budget_order(points, {p.key: planner.predict(p) for p in points}) if args.budget_minutes else points
+    print("\n".join(plan_lines(planner, points, order, args.budget_minutes)))
+    print(f"(planned in {time.perf_counter() - started:.1f} s; {load_note()})")
+    return 0
+
+
+def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> int:
+    """The sweep, then its report, while this process holds the results folder."""
+    started = time.perf_counter()
+    planner = _build_planner(config, points, args) if not args.no_plan or args.budget_minutes else None
     try:
         runs_path = run_sweep(config, points, retry_failed=args.retry_failed, progress=not args.quiet,
                               slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes,
@@ -244,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted; rows written so far are kept in {config.out_dir / 'runs.csv'}; "
               "rerun the same command to resume", file=sys.stderr)
         return 130
+    except RunsFileError as error:
+        print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
+        return 1
     print(f"runs: {runs_path} ({time.perf_counter() - started:.0f} s)")
     if not args.no_report:
         from ..report.build import build_report

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,16 +215,38 @@ def check_fields(config: SweepConfig, where: str) -> None:
                           f"got {config.compile!r}")
     if config.epochs < 0:
         raise ConfigError(f"{prefix}epochs must be >= 0, got {config.epochs}")
-    if config.timeout_s <= 0:
-        raise ConfigError(f"{prefix}timeout_s must be > 0, got {config.timeout_s}")
+    if not (math.isfinite(config.timeout_s) and config.timeout_s > 0):
+        raise ConfigError(f"{prefix}timeout_s must be a finite number of seconds > 0, got {config.timeout_s}")
+    if config.memory_limit_mb < 0:
+        raise ConfigError(f"{prefix}memory_limit_mb must be >= 0 (0: no cap), got {config.memory_limit_mb}")
+    if config.num_threads < 0:
+        raise ConfigError(f"{prefix}num_threads must be >= 0 (0: chosen from the free cores), got {config.num_threads}")
+    _check_tables(config, prefix)
     if config.memory_limit_mb and config.device == "cuda":
         raise ConfigError(f"{prefix}memory_limit_mb caps CPU memory only; leave it at 0 with device cuda")
+    for name, value in config.timing.items():
+        kind = _TIMING_TYPES.get(name)
+        if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)
+                                 or (isinstance(value, float) and not math.isfinite(value))):
+            expected = "an integer" if kind is int else "a finite number"
+            raise ConfigError(f"{prefix}timing.{name} must be {expected}, got {value!r}")
     try:
         TimingProtocol(**config.timing)
     except TypeError as error:
         raise ConfigError(f"{prefix}timing: {error}; valid: warmup, min_repeats, min_time_s, max_repeats") from None
     except ValueError as error:
         raise ConfigError(f"{prefix}{error}") from None
+
+
+_TIMING_TYPES = {f.name: int if f.type == "int" else (int, float) for f in dataclasses.fields(TimingProtocol)}
+
+
+def _check_tables(config: SweepConfig, prefix: str) -> None:
+    """The nested tables hold tables: `overrides` maps "*" or a mixer to a table of ViT fields."""
+    bad = [key for key, value in config.overrides.items() if not isinstance(value, dict)]
+    if bad:
+        raise ConfigError(f"{prefix}overrides.{bad[0]!r} must be a table of ViT fields (e.g. "
+                          f"[overrides.\"{bad[0]}\"] depth = 2), got {config.overrides[bad[0]]!r}")
 
 
 def config_from_dict(values: dict, source: str) -> SweepConfig:
@@ -233,6 +256,9 @@ def config_from_dict(values: dict, source: str) -> SweepConfig:
         raise ConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}; valid fields: "
                           f"{', '.join(sorted(_TYPES))}")
     try:
+        runs = values.get("runs", [])
+        if not isinstance(runs, (list, tuple)) or not all(isinstance(run, dict) for run in runs):
+            raise ConfigError(f"runs must be a list of tables ([[runs]] sections of fields), got {runs!r}")
         converted = {k: _as_field(k, v, source) if k != "runs" else tuple(v) for k, v in values.items()}
         return SweepConfig(**converted)
     except ConfigError as error:
@@ -251,7 +277,13 @@ def load_config(name_or_path: str) -> tuple[dict, str]:
         path = CONFIG_DIR / f"{name_or_path}.toml"
     if not path.exists():
         raise ConfigError(f"no config {name_or_path!r}; named configs: {', '.join(named_configs())}, or give a .toml path")
+    if not path.is_file():
+        raise ConfigError(f"--config {path} is not a file; give a .toml file or a named config")
     try:
-        return tomllib.loads(path.read_text()), path.name
+        return tomllib.loads(path.read_text(encoding="utf-8")), path.name
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML ({error})") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}); TOML files are UTF-8, save it so") from None
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None

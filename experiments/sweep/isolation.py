@@ -51,6 +51,11 @@ def _exit_with(sweep_pid: int) -> None:
 
 
 def _child(target: Callable[[Point], Row], point: Point, conn, sweep_pid: int) -> None:
+    # The point leads its own process group, and pools it starts (data generation) fork from it, so they are in
+    # that group: a point killed at its time limit takes them along (pools started through the fork server were
+    # its children, outlived the point, and left their semaphores to the resource tracker's shutdown warning).
+    os.setpgrp()
+    mp.set_start_method("fork", force=True)
     _exit_with(sweep_pid)
     try:
         if point.memory_limit_mb:
@@ -67,6 +72,10 @@ def _child(target: Callable[[Point], Row], point: Point, conn, sweep_pid: int) -
 def _context() -> mp.context.BaseContext:
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
+    # Set before the fork server starts (it and every point inherit it; OpenMP reads it when torch loads):
+    # waiting OpenMP threads sleep instead of spinning, which on a busy machine took the core from the thread
+    # they waited for (experiments/sweep/machine.py). A value the user set is kept.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["experiments.measure.run"])
     return ctx
@@ -99,10 +108,19 @@ def run_isolated(target: Callable[[Point], Row], point: Point, timeout_s: float)
         if process.is_alive():
             process.kill()
         process.join()
+        _kill_group(process.pid)
     if row is None:
         row = _death_row(process.exitcode)
     row.pop("traceback", None)
     return row
+
+
+def _kill_group(pgid: int) -> None:
+    """Ends what is left of a point's process group (worker pools of a point that was killed or exited)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _death_row(exitcode: int | None) -> Row:

@@ -42,13 +42,13 @@ class SubmititLauncher:
     start every job at once on one machine and time them against each other, so there they run one at a time.
     """
 
-    def __init__(self, config: SweepConfig, partition: str | None) -> None:
+    def __init__(self, config: SweepConfig, partition: str | None, longest_s: float = 0.0) -> None:
         import submitit
 
         self.parallel = partition is not None
         self.executor = submitit.AutoExecutor(folder=config.out_dir / ".submitit",
                                               cluster="slurm" if partition else "local")
-        longest = max(p.timeout_s for p in [config] + config.run_configs())
+        longest = max([longest_s] + [p.timeout_s for p in [config] + config.run_configs()])
         params: dict[str, object] = {"timeout_min": max(1, int(longest // 60) + 2), "nodes": 1, "tasks_per_node": 1}
         if any(run.device == "cuda" for run in config.run_configs()):
             params["gpus_per_node"] = 1
@@ -88,7 +88,9 @@ class SubmititLauncher:
             return {"status": "error", "error": f"submitit job {job.job_id}: {type(error).__name__}: {error}"[:500]}
 
 
-def make_launcher(config: SweepConfig, slurm_partition: str | None = None) -> LocalLauncher | SubmititLauncher:
+def make_launcher(config: SweepConfig, slurm_partition: str | None = None,
+                  longest_s: float = 0.0) -> LocalLauncher | SubmititLauncher:
+    """The launcher of `config`; `longest_s`, the longest time limit of its points, sizes submitit's job limit."""
     if config.launcher == "submitit":
-        return SubmititLauncher(config, slurm_partition)
+        return SubmititLauncher(config, slurm_partition, longest_s)
     return LocalLauncher()

@@ -2,49 +2,22 @@
 
 Each row is written with a single `write` of a complete line followed by `fsync`, so a run killed mid-sweep
 (SIGKILL included) loses no row that was written. If the machine dies inside that write, the half line has no
-newline: reading ignores it and the next append cuts it off before writing.
+newline: reading ignores it and the next append cuts it off before writing. A write that fails (a full disk)
+cuts the file back to its earlier rows and stops the sweep with one line.
 """
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 from pathlib import Path
 
 from ..measure.point import point_key
-from ..schema import COLUMNS, KEY_COLUMNS, OPTIONAL_KEY_COLUMNS
+from ..runs_csv import RunsFileError, read_rows
+from ..schema import COLUMNS
 
-
-class RunsFileError(ValueError):
-    """runs.csv cannot be used as it is; the message says what to do."""
-
-
-def _check_header(path: Path, header: tuple[str, ...]) -> None:
-    """An older version's header (a subset of today's columns with every key column) is readable; others not."""
-    unknown = [c for c in header if c not in COLUMNS]
-    missing_keys = [c for c in KEY_COLUMNS if c not in header and c not in OPTIONAL_KEY_COLUMNS]
-    if unknown or missing_keys:
-        raise RunsFileError(
-            f"{path} was written with other columns (unknown: {', '.join(unknown) or 'none'}; missing key "
-            f"columns: {', '.join(missing_keys) or 'none'}); move it away or choose another --out"
-        )
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    """Complete rows of `path` (none if it does not exist), with today's columns.
-
-    A file written by an earlier version, which lacked some of today's columns, reads with those cells empty.
-    """
-    if not path.exists():
-        return []
-    text = path.read_text()
-    if not text:
-        return []
-    complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
-    reader = csv.DictReader(io.StringIO(complete))
-    header = tuple(reader.fieldnames or ())
-    _check_header(path, header)
-    return [{column: row.get(column) or "" for column in COLUMNS} for row in reader]
+__all__ = ["RunsFileError", "append_row", "latest_by_key", "read_rows"]
 
 
 def _upgrade_header(path: Path) -> None:
@@ -71,24 +44,52 @@ def _drop_partial_line(path: Path) -> None:
 
 
 def append_row(path: Path, row: dict[str, object]) -> None:
-    """Appends one complete row, writing the header first when the file is new."""
+    """Appends one complete row, writing the header first when the file is new.
+
+    Raises:
+        RunsFileError: the row could not be written whole (disk full, a write error); the file is cut back to
+            the rows before it, so nothing written earlier is lost and no half row is left.
+    """
     unknown = set(row) - set(COLUMNS)
     if unknown:
         raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
-    if path.exists():
-        _drop_partial_line(path)
-        if path.stat().st_size:
-            _upgrade_header(path)
-    if not path.exists() or path.stat().st_size == 0:
-        writer.writeheader()
-    writer.writerow({column: _cell(row.get(column)) for column in COLUMNS})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            _drop_partial_line(path)
+            if path.stat().st_size:
+                _upgrade_header(path)
+        if not path.exists() or path.stat().st_size == 0:
+            writer.writeheader()
+        writer.writerow({column: _cell(row.get(column)) for column in COLUMNS})
+        _write_all(path, buffer.getvalue().encode())
+    except OSError as error:
+        raise RunsFileError(f"cannot write a row to {path}: {error.strerror or error}; the sweep stopped, every "
+                            "earlier row is kept; free space (or fix the folder) and rerun to resume") from None
+
+
+def _write_all(path: Path, data: bytes) -> None:
+    """Appends `data` whole and syncs it, or cuts the file back to where it was and raises OSError.
+
+    `os.write` may write less than asked (a full disk, a signal); the rest is written in further calls, and a
+    call that writes nothing is a failure, never a silent loss.
+    """
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, buffer.getvalue().encode())
-        os.fsync(fd)
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, f"wrote {len(data) - len(view)} of {len(data)} bytes")
+                view = view[written:]
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
     finally:
         os.close(fd)
 
