@@ -127,7 +127,8 @@ def test_a_measured_row_is_complete(mixer: str) -> None:
     unfilled = [c for c in COLUMNS if c not in KEY_COLUMNS and row.get(c) in (None, "")]
     expected_empty = {"error", "peak_mem_reserved_mb", "cuda_version", "train_samples", "accuracy", "best_accuracy",
                       "final_train_loss", "train_time_s", "train_img_s",
-                      "tf32", "gpu_clock_mhz", "driver_version"}  # CUDA-only provenance, empty on CPU by design
+                      "tf32", "gpu_clock_mhz", "driver_version",  # CUDA-only provenance, empty on CPU by design
+                      "load_start", "load_end"}  # the sweep's, added when it records the row
     assert set(unfilled) <= expected_empty
     assert row["macs"] == pytest.approx(row["macs_analytic"], rel=0.01)
     assert row["flops_counted"] == pytest.approx(2 * row["macs_analytic"], rel=0.01)
