@@ -128,7 +128,9 @@ def test_a_measured_row_is_complete(mixer: str) -> None:
     expected_empty = {"error", "peak_mem_reserved_mb", "cuda_version", "train_samples", "accuracy", "best_accuracy",
                       "final_train_loss", "train_time_s", "train_img_s",
                       "tf32", "gpu_clock_mhz", "driver_version",  # CUDA-only provenance, empty on CPU by design
-                      "load_start", "load_end"}  # the sweep's, added when it records the row
+                      "load_start", "load_end",  # the sweep's, added when it records the row
+                      "predicted_latency_ms", "predicted_peak_mem_mb", "predicted_train_step_ms",
+                      "predicted_train_peak_mem_mb", "predicted_point_s"}  # the planner's, likewise
     assert set(unfilled) <= expected_empty
     assert row["macs"] == pytest.approx(row["macs_analytic"], rel=0.01)
     assert row["flops_counted"] == pytest.approx(2 * row["macs_analytic"], rel=0.01)
