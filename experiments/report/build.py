@@ -19,7 +19,9 @@ import pandas as pd
 from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
 from . import tables as report_tables
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
+from .erf import erf_figures, erf_tables, load_maps
 from .plots_accuracy import accuracy_figures
+from .reach import reach_figures, reach_summary_lines, reach_tables, separation_tables
 from .plots_cost import patch_figures, wall_figures
 from .crossover import (
     FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
@@ -35,6 +37,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPT
 # Schema columns that hold text (JSON included); every other schema column is numeric.
 TEXT_COLUMNS: frozenset[str] = frozenset({
     "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "impl", "status", "error",
+    "accuracy_by_bucket",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
     "python_version", "timestamp",
 })
@@ -51,7 +54,12 @@ TABLE_CAPTIONS: dict[str, str] = {
     "costs": r"Cost of each mixer per token count $N$; latency is the median $\pm$ IQR of one batch.",
     "exponents": rf"Fitted exponent $k$ of cost $\propto N^k$ over the {FIT_POINTS} largest token counts that ran.",
     "crossovers": r"Token count $N$ (and image size) from which each mixer is cheaper than the reference.",
-    "accuracy": r"Top-1 accuracy of each trained point (mean over seeds) with its cost.",
+    "accuracy": r"Top-1 accuracy of each trained point over seeds (mean $\pm$ s.d., 95\% $t$ interval, $n$) with "
+                r"its parameters and cost.",
+    "reach": r"Reach: top-1 accuracy (\%) per direction and mark distance, mean $\pm$ s.d. [95\% $t$ interval] "
+             r"over seeds.",
+    "reach_separations": r"Reach buckets where one mixer's 95\% interval lies wholly above another's.",
+    "erf": r"Radii (patches) around the centre token holding 50\% and 90\% of its effective receptive field.",
 }
 
 
@@ -140,8 +148,9 @@ def build_report(sweep_dir: Path) -> list[Path]:
     runs = load_runs(sweep_dir / "runs.csv")
     tables_dir, figures_dir = _fresh_dir(sweep_dir / TABLES_DIR), _fresh_dir(sweep_dir / FIGURES_DIR)
 
-    keys = curve_keys(runs)
-    exponents, crossovers = exponent_table(runs), crossover_table(runs)
+    curves = cost_curve_rows(runs)
+    keys = curve_keys(curves)
+    exponents, crossovers = exponent_table(curves), crossover_table(curves)
     costs = report_tables.cost_tables(runs)
     exponent_frames = report_tables.exponent_tables(exponents, keys)
     crossover_frames = report_tables.crossover_tables(crossovers, keys)
@@ -152,19 +161,39 @@ def build_report(sweep_dir: Path) -> list[Path]:
     if not accuracy_rows(runs).empty:
         tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",
                                             TABLE_CAPTIONS["accuracy"])
-    figures = write_figures(runs, exponents, crossovers, figures_dir)
+    reach = reach_tables(runs)
+    if not reach[0].empty:
+        tables += report_tables.write_table(*reach, tables_dir / "reach", TABLE_CAPTIONS["reach"])
+        tables += report_tables.write_table(*separation_tables(runs), tables_dir / "reach_separations",
+                                            TABLE_CAPTIONS["reach_separations"])
+    erf_maps = load_maps(sweep_dir, runs)
+    if not erf_maps.empty:
+        tables += report_tables.write_table(*erf_tables(erf_maps), tables_dir / "erf", TABLE_CAPTIONS["erf"])
+    figures = write_figures(runs, exponents, crossovers, figures_dir, curves)
+    with matplotlib.rc_context(RC):
+        figures += erf_figures(erf_maps, figures_dir)
     summary = sweep_dir / "summary.md"
-    summary.write_text(render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1]),
-                       encoding="utf-8")
+    text = render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1])
+    summary.write_text(text + "\n".join(reach_summary_lines(runs)), encoding="utf-8")
     return tables + figures + [summary]
 
 
+def cost_curve_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows cost curves (walls, exponents, crossovers) are drawn from: the cost-only rows when there are some.
+
+    A training run may build its models otherwise (the parameter-matched mamba of the accuracy configs), and one
+    such point would split every curve figure in two.
+    """
+    return runs[runs["epochs"] == 0] if (runs["epochs"] == 0).any() else runs
+
+
 def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.DataFrame,
-                  out_dir: Path) -> list[Path]:
+                  out_dir: Path, curves: pd.DataFrame | None = None) -> list[Path]:
     """Draw every figure the sweep has data for.
 
     Args:
         runs: the loaded runs.
+        curves: the rows the cost curves are drawn from (default: all runs).
         exponents: from `crossover.exponent_table`.
         crossovers: from `crossover.crossover_table`.
         out_dir: folder for the files.
@@ -172,14 +201,16 @@ def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.Da
     Returns:
         The paths written.
     """
+    curves = runs if curves is None else curves
     with matplotlib.rc_context(RC):
-        paths = wall_figures(runs, exponents, crossovers, out_dir, WALL_PANELS, "wall")
-        paths += wall_figures(runs, exponents, crossovers, out_dir, TRAIN_WALL_PANELS, "wall_train")
+        paths = wall_figures(curves, exponents, crossovers, out_dir, WALL_PANELS, "wall")
+        paths += wall_figures(curves, exponents, crossovers, out_dir, TRAIN_WALL_PANELS, "wall_train")
         # Only a grid of image sizes x patch sizes reaches one N in several ways.
-        if runs["patch_size"].nunique() > 1 and runs["img_size"].nunique() > 1:
-            paths += patch_figures(runs, out_dir)
+        if curves["patch_size"].nunique() > 1 and curves["img_size"].nunique() > 1:
+            paths += patch_figures(curves, out_dir)
         if not accuracy_rows(runs).empty:
             paths += accuracy_figures(runs, out_dir)
+            paths += reach_figures(runs, out_dir)
     return paths
 
 
@@ -327,7 +358,8 @@ def _plain(value: object) -> str:
 def _table_links(tables: list[Path], link: Callable[[Path], str]) -> list[str]:
     """One bullet per table, its Markdown first."""
     titles = {"costs": "Costs per point", "exponents": "Scaling exponents", "crossovers": "Crossovers",
-              "accuracy": "Accuracy per trained point"}
+              "accuracy": "Accuracy per trained point", "reach": "Reach accuracy per direction and distance",
+              "reach_separations": "Reach buckets that separate two mixers", "erf": "Receptive field radii"}
     lines = []
     for stem in dict.fromkeys(p.stem for p in tables):
         files = {p.suffix: p for p in tables if p.stem == stem}
@@ -340,7 +372,10 @@ _FIGURE_CAPTIONS: dict[str, str] = {
     "wall_train": "Training step: time and peak memory against tokens.",
     "wall": "The quadratic wall: latency, peak memory and GMACs against tokens (log-log).",
     "patch_resolution": "Patch size against resolution: the same N from different (image, patch) pairs.",
-    "accuracy_cost": "Accuracy against cost, with the Pareto front.",
+    "accuracy_cost": "Accuracy against cost (mean and 95% interval over seeds), with the Pareto front of the "
+                     "points above chance.",
+    "reach": "Reach: accuracy against mark distance per direction (mean and 95% interval over seeds).",
+    "erf": "Effective receptive field of the centre token, per mixer, at initialisation and after training.",
 }
 
 
@@ -369,9 +404,10 @@ def write_headline(readme: Path, sweep_dir: Path) -> None:
     if HEADLINE_START not in text or HEADLINE_END not in text:
         raise ReportError(f"{readme} has no {HEADLINE_START} ... {HEADLINE_END} markers to write between")
     runs = load_runs(sweep_dir / "runs.csv")
-    keys = curve_keys(runs)
-    exponents = report_tables.exponent_tables(exponent_table(runs), keys)[1]
-    crossovers = report_tables.crossover_tables(crossover_table(runs), keys)[1]
+    curves = cost_curve_rows(runs)
+    keys = curve_keys(curves)
+    exponents = report_tables.exponent_tables(exponent_table(curves), keys)[1]
+    crossovers = report_tables.crossover_tables(crossover_table(curves), keys)[1]
     base = readme.parent.resolve()
     walls = [w for w in sorted((sweep_dir / FIGURES_DIR).glob("wall*.png")) if not w.stem.startswith("wall_train")]
     ok = runs[runs["status"] == "ok"]
