@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.colors import PowerNorm
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from ..schema import KEY_COLUMNS
@@ -25,6 +25,7 @@ ERF_DIR = "erf"
 STAGES = ("init", "trained")
 STAGE_TITLES = {"init": "at initialisation", "trained": "after training"}
 MASS_LEVELS = (0.5, 0.9)
+LOG_FLOOR = 1e-3  # the colour scale spans [1e-3, 1] of each map's maximum
 FACET_KEYS = ("dataset", "img_size", "patch_size", "preset", "epochs", "train")
 
 
@@ -141,9 +142,10 @@ def _erf_figure(rows: pd.DataFrame, title: str) -> Figure:
                 ax.set_axis_off()
                 continue
             mean_map = np.mean(np.stack(list(rows.loc[pick, "map"])), 0)
-            # A square-root scale shows the tails that a linear one hides under the peak of the centre patch.
-            ax.imshow(mean_map / mean_map.max(), cmap="magma", norm=PowerNorm(0.5, vmin=0, vmax=1),
-                      interpolation="nearest")
+            # A log scale (three decades) shows the tails that a linear one hides under the centre patch's peak
+            # (the residual path makes a token depend most on its own patch); exact zeros sit at the floor.
+            ax.imshow(np.clip(mean_map / mean_map.max(), LOG_FLOOR, 1), cmap="magma",
+                      norm=LogNorm(vmin=LOG_FLOOR, vmax=1), interpolation="nearest")
             r50, r90 = radii.loc[pick, "r50"].mean(), radii.loc[pick, "r90"].mean()
             ax.set_xlabel(f"r50 {r50:.1f} · r90 {r90:.1f} p", fontsize=6)
             if i == 0:
@@ -151,6 +153,6 @@ def _erf_figure(rows: pd.DataFrame, title: str) -> Figure:
             if j == 0:
                 ax.set_ylabel(STAGE_TITLES[stage], fontsize=7)
     seeds = int(rows.groupby(["mixer", "stage"]).size().min())
-    head = "Effective receptive field of the centre token (|gradient| w.r.t. pixels, sqrt scale)"
+    head = "Effective receptive field of the centre token (|gradient| w.r.t. pixels, log scale, 3 decades)"
     fig.suptitle(" · ".join(t for t in (head, title, f"{seeds} seed{'s' * (seeds != 1)}") if t), fontsize=7.5)
     return fig

@@ -3,8 +3,8 @@
 Each grayscale image holds two bright marks, each a small shape fully inside one patch, ``distance`` patches
 apart along a ``direction``: ``horizontal`` (same patch row), ``vertical`` (same patch column) or ``diagonal``
 (both, either diagonal). Label 1: the two marks have the same shape; label 0: different shapes. A faint
-noise background and dimmer distractor shapes (drawn from the same shape set) clutter the other patches, so a
-mark is told by its brightness and its shape must be carried to the other mark's token: the label needs
+noise background and dimmer distractors (random 5-pixel patterns, never a mark shape) clutter the other patches,
+so a mark is told by its brightness and shape, and its shape must meet the other mark's: the label needs
 information from two tokens ``distance`` patches apart.
 
 Why no single patch gives the label away. The first mark's shape is uniform over the shape set; the second
@@ -45,6 +45,9 @@ SHAPES: np.ndarray = np.array(
     dtype=bool,
 )
 MARK_SIZE = SHAPES.shape[-1]
+# Every 5-of-9 pattern of the 3 x 3 cell: distractors draw from those that are no mark shape.
+_PATTERNS = np.array([[(m >> i) & 1 for i in range(MARK_SIZE * MARK_SIZE)]
+                      for m in range(1 << (MARK_SIZE * MARK_SIZE)) if bin(m).count("1") == 5], dtype=bool)
 # Roughly doubling, so a curve spans short and long range with few buckets; a grid of g patches keeps d < g.
 DEFAULT_DISTANCES: tuple[int, ...] = (1, 2, 3, 5, 7, 11, 15, 23, 31)
 MARK_VALUE, DISTRACTOR_VALUE = 255, 120
@@ -60,7 +63,7 @@ class ReachParams:
         distances: mark separations along the direction, in patches (diagonal: along each axis).
         directions: subset of `DIRECTIONS`.
         num_shapes: shapes in play (2 to 4); with 2 the label is the XOR of two bits.
-        num_distractors: dimmer shapes in other patches.
+        num_distractors: dimmer random patterns (same ink as a mark, never a mark shape) in other patches.
         noise: background pixels are uniform in [0, noise].
     """
 
@@ -185,7 +188,10 @@ def generate_reach(params: ReachParams, n: int, *, seed: int = 0) -> ReachSet:
     np.put_along_axis(keys, mark_flat, 2.0, axis=1)
     distractor_flat = np.argsort(keys, axis=1)[:, : params.num_distractors]
     distractor_patch = np.stack([distractor_flat // g, distractor_flat % g], -1)  # (n, k, 2)
-    distractor_shape = rng.integers(0, params.num_shapes, (n, params.num_distractors))
+    mark_shapes = SHAPES[: params.num_shapes].reshape(params.num_shapes, -1)
+    pool = _PATTERNS[~(_PATTERNS[:, None] == mark_shapes[None]).all(-1).any(1)]
+    table = np.concatenate([mark_shapes, pool])  # mark shapes first, so a mark's index is its shape
+    distractor_shape = params.num_shapes + rng.integers(0, len(pool), (n, params.num_distractors))
 
     patches = np.concatenate([marks, distractor_patch], 1)  # (n, 2 + k, 2)
     stamp_shape = np.concatenate([shapes.astype(np.int64), distractor_shape], 1)  # (n, 2 + k)
@@ -193,7 +199,7 @@ def generate_reach(params: ReachParams, n: int, *, seed: int = 0) -> ReachSet:
     # Each stamp sits at a random offset inside its patch, so a shape is not tied to one pixel position.
     corner = patches * p + rng.integers(0, p - MARK_SIZE + 1, patches.shape)  # (n, 2 + k, 2) px (row, col)
     dy, dx = np.nonzero(np.ones((MARK_SIZE, MARK_SIZE), bool))
-    on = SHAPES[stamp_shape].reshape(*stamp_shape.shape, -1)  # (n, 2 + k, 9) which of the 3x3 pixels are ink
+    on = table[stamp_shape]  # (n, 2 + k, 9) which of the 3x3 pixels are ink
     rows = corner[..., 0, None] + dy  # (n, 2 + k, 9)
     cols = corner[..., 1, None] + dx
     image_index = np.broadcast_to(np.arange(n)[:, None, None], rows.shape)
