@@ -174,7 +174,7 @@ def build_report(sweep_dir: Path) -> list[Path]:
         figures += erf_figures(erf_maps, figures_dir)
     summary = sweep_dir / "summary.md"
     text = render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1])
-    reach_lines = reach_summary_lines(runs)
+    reach_lines = report_tables.parameter_lines(runs) + reach_summary_lines(runs)
     summary.write_text(text + ("\n" + "\n".join(reach_lines) if reach_lines else ""), encoding="utf-8")
     return tables + figures + [summary]
 

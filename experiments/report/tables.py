@@ -223,6 +223,24 @@ def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accura
     return pd.DataFrame.from_records(records)
 
 
+def parameter_lines(runs: pd.DataFrame) -> list[str]:
+    """A summary section: parameters of each trained mixer against attention's, and the overrides that set them,
+    so a reader sees whether an accuracy gap could be a capacity gap."""
+    rows = accuracy_rows(runs)
+    if rows.empty or not rows["params"].notna().any():
+        return []
+    per_mixer = rows.groupby("mixer").agg(params=("params", "median"),
+                                          overrides=("overrides", lambda o: "; ".join(sorted(set(o)))))
+    lines = ["## Fair comparison: parameters of the trained models", ""]
+    reference = per_mixer["params"].get("attention")
+    for mixer in sorted(per_mixer.index, key=mixer_rank):
+        params, overrides = per_mixer.at[mixer, "params"], per_mixer.at[mixer, "overrides"]
+        versus = f" ({(params / reference - 1) * 100:+.1f}% vs attention)" if reference else ""
+        setting = f", overrides `{overrides}`" if overrides not in ("", "{}") else ""
+        lines.append(f"- {mixer}: {params / 1e6:.3f} M parameters{versus}{setting}")
+    return lines + [""]
+
+
 def _interval_cell(low: float, high: float) -> str:
     """"[low, high]" to one decimal, or a dash with one seed (no interval)."""
     if not (math.isfinite(low) and math.isfinite(high)):

@@ -48,6 +48,7 @@ MARK_SIZE = SHAPES.shape[-1]
 # Every 5-of-9 pattern of the 3 x 3 cell: distractors draw from those that are no mark shape.
 _PATTERNS = np.array([[(m >> i) & 1 for i in range(MARK_SIZE * MARK_SIZE)]
                       for m in range(1 << (MARK_SIZE * MARK_SIZE)) if bin(m).count("1") == 5], dtype=bool)
+DISTRACTOR_AREA = 16  # patches per distractor
 # Roughly doubling, so a curve spans short and long range with few buckets; a grid of g patches keeps d < g.
 DEFAULT_DISTANCES: tuple[int, ...] = (1, 2, 3, 5, 7, 11, 15, 23, 31)
 MARK_VALUE, DISTRACTOR_VALUE = 255, 120
@@ -104,11 +105,13 @@ class ReachParams:
 
 
 def reach_params(img_size: int, patch_size: int, distances: tuple[int, ...] | None = None) -> ReachParams:
-    """The task at one size; default distances: those of `DEFAULT_DISTANCES` that fit on the patch grid."""
+    """The task at one size: the `DEFAULT_DISTANCES` that fit on the patch grid, one distractor per 16 patches."""
     grid = img_size // patch_size if patch_size else 0
     if distances is None:
         distances = tuple(d for d in DEFAULT_DISTANCES if d < grid)
-    return ReachParams(img_size, patch_size, tuple(distances))
+    # One distractor per DISTRACTOR_AREA patches, so clutter density is the same at every grid size.
+    return ReachParams(img_size, patch_size, tuple(distances),
+                       num_distractors=max(1, round(grid * grid / DISTRACTOR_AREA)))
 
 
 def bucket_names(params: ReachParams) -> list[str]:
