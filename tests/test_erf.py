@@ -58,3 +58,20 @@ def test_save_round_trip(tmp_path) -> None:
         assert int(f["patch_size"]) == 2 and f["init"].dtype == np.float32
         np.testing.assert_array_equal(f["trained"], maps["trained"])
     assert [p.name for p in path.parent.iterdir()] == ["abc.npz"]
+
+
+def test_training_point_writes_bucket_accuracy_and_maps(tmp_path) -> None:
+    from experiments.measure.point import Point
+    from experiments.measure.run import train_point
+    from experiments.train.reach import bucket_names, reach_params
+
+    path = tmp_path / "erf" / "point.npz"
+    point = Point(mixer="swin", preset="micro", img_size=16, patch_size=4, batch_size=1, dataset="reach", epochs=1,
+                  overrides='{"depth":1}', train='{"batch_size":16,"train_samples":32}', erf_path=str(path))
+    row = train_point(point, torch.device("cpu"), torch.float32)
+    by_bucket = json.loads(row["accuracy_by_bucket"])
+    assert set(by_bucket) == set(bucket_names(reach_params(16, 4)))
+    assert all(0 <= v <= 1 for v in by_bucket.values())
+    with np.load(path) as f:
+        assert f["init"].shape == f["trained"].shape == (16, 16)
+        assert json.loads(str(f["key"]))["mixer"] == "swin"
