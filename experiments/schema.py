@@ -62,6 +62,9 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "train_samples",
     "accuracy",  # top-1 on the held-out split after the last epoch, in [0, 1]
     "best_accuracy",
+    # JSON {"direction:distance": accuracy in [0, 1]} on tasks whose test images fall into buckets (reach); kept
+    # in the row rather than a side file, so runs.csv stays the one file that holds every accuracy
+    "accuracy_by_bucket",
     "final_train_loss",
     "train_time_s",
     "train_img_s",

@@ -34,6 +34,7 @@ class Point:
     data_path: str = ""
     timeout_s: float = 1800.0
     checkpoint_dir: str = ""  # where training checkpoints go, so a killed training point resumes
+    erf_path: str = ""  # where a training point saves its effective receptive field maps (.npz); "" = none
 
     @property
     def tokens(self) -> int:

@@ -21,6 +21,7 @@ from .provenance import provenance
 from .timing import time_call
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ERF_IMAGES = 64  # test images the effective receptive field maps average over
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
 
 
@@ -117,23 +118,46 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
 
 
 def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[str, object]:
-    """Trains a fresh model on the point's data set and evaluates it (experiments/train/recipe.py)."""
+    """Trains a fresh model on the point's data set and evaluates it (experiments/train/recipe.py).
+
+    A data set with test buckets (reach) also gets its accuracy per bucket, as JSON in `accuracy_by_bucket`.
+    With `point.erf_path`, the effective receptive field maps at initialisation and after training are saved
+    there (experiments/train/erf.py).
+    """
     from ..train.datasets import build_dataset
-    from ..train.recipe import TrainRecipe, train_and_evaluate
+    from ..train.recipe import TrainRecipe, evaluate_by_bucket, train_and_evaluate
 
     recipe = TrainRecipe(epochs=point.epochs, **json.loads(point.train))
     bundle = build_dataset(
         point.dataset, img_size=point.img_size, data_dir=point.data_dir or None,
         data_path=point.data_path or None, seed=point.seed, train_samples=recipe.train_samples,
+        patch_size=point.patch_size,
     )
     torch.manual_seed(point.seed)
     model = build_model(point, num_classes=bundle.num_classes, in_chans=bundle.in_chans)
+    erf_maps = {}
+    if point.erf_path:
+        from ..train.erf import erf_map
+
+        erf_images = torch.stack([bundle.test[i][0] for i in range(min(ERF_IMAGES, len(bundle.test)))]).to(device)
+        erf_maps["init"] = erf_map(model.to(device), erf_images)
     result = train_and_evaluate(model, bundle.train, bundle.test, recipe, device=device, dtype=dtype, seed=point.seed,
                                 checkpoint_dir=Path(point.checkpoint_dir) if point.checkpoint_dir else None)
     row = result.to_row()
     row["status"] = result.status
     if result.error:
         row["error"] = result.error
+    if result.status == "ok" and bundle.test_buckets is not None:
+        by_bucket = evaluate_by_bucket(model, bundle.test, bundle.test_buckets, device=device, dtype=dtype,
+                                       batch_size=recipe.eval_batch_size)
+        row["accuracy_by_bucket"] = json.dumps({k: round(v, 5) for k, v in by_bucket.items()})
+    if erf_maps and result.status == "ok":
+        from ..schema import KEY_COLUMNS
+        from ..train.erf import erf_map, save_erf
+
+        erf_maps["trained"] = erf_map(model, erf_images)
+        key = {column: getattr(point, column) for column in KEY_COLUMNS if hasattr(point, column)}
+        save_erf(Path(point.erf_path), erf_maps, key, point.patch_size)
     return row
 
 

@@ -7,11 +7,15 @@ writes into the sweep folder:
     tables/costs.{csv,md,tex}        one row per point: params, GMACs, latency, memory, train step, accuracy, status
     tables/exponents.{csv,md,tex}    fitted scaling exponent k of cost ~ N^k per mixer and metric
     tables/crossovers.{csv,md,tex}   token count where each mixer becomes cheaper than attention(_naive)
-    tables/accuracy.{csv,md,tex}     accuracy of each trained point with its cost, when a point trained
+    tables/accuracy.{csv,md,tex}     accuracy over seeds (mean, s.d., 95% t interval, n) with params and cost
+    tables/reach*.{csv,md,tex}       reach accuracy per direction and distance; buckets that separate two mixers
+    tables/erf.{csv,md,tex}          radii holding 50% / 90% of each effective receptive field (with erf/*.npz)
     tables/claims.{csv,md,tex}       with --claims: a paper's claimed factors beside the measured ones, with verdicts
     figures/wall*.{png,pdf}          latency, memory and GMACs against tokens (training step in wall_train*)
     figures/patch_resolution*        the same N reached by different (image, patch) pairs, with >1 patch size
-    figures/accuracy_cost*           accuracy against GMACs and latency with the Pareto front, with accuracy
+    figures/accuracy_cost*           accuracy against GMACs and latency, 95% intervals, front of points above chance
+    figures/reach*                   accuracy against mark distance, a panel per direction, a line per mixer
+    figures/erf*                     effective receptive field maps per mixer, at initialisation and trained
 """
 from __future__ import annotations
 

@@ -23,7 +23,9 @@ from ..runs_csv import OPTIONAL_KEYS, RunsFileError, read_table
 from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
 from . import tables as report_tables
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
+from .erf import erf_figures, erf_tables, load_maps
 from .plots_accuracy import accuracy_figures
+from .reach import reach_figures, reach_summary_lines, reach_tables, separation_tables
 from .plots_cost import patch_figures, wall_figures
 from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
 from .crossover import (
@@ -37,6 +39,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPT
 # Schema columns that hold text (JSON included); every other schema column is numeric.
 TEXT_COLUMNS: frozenset[str] = frozenset({
     "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "compile", "impl", "status", "error",
+    "accuracy_by_bucket",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
     "python_version", "timestamp",
 })
@@ -53,7 +56,12 @@ TABLE_CAPTIONS: dict[str, str] = {
     "costs": r"Cost of each mixer per token count $N$; latency is the median $\pm$ IQR of one batch.",
     "exponents": rf"Fitted exponent $k$ of cost $\propto N^k$ over the {FIT_POINTS} largest token counts that ran.",
     "crossovers": r"Token count $N$ (and image size) from which each mixer is cheaper than the reference.",
-    "accuracy": r"Top-1 accuracy of each trained point (mean over seeds) with its cost.",
+    "accuracy": r"Top-1 accuracy of each trained point over seeds (mean $\pm$ s.d., 95\% $t$ interval, $n$) with "
+                r"its parameters and cost.",
+    "reach": r"Reach: top-1 accuracy (\%) per direction and mark distance, mean $\pm$ s.d. [95\% $t$ interval] "
+             r"over seeds.",
+    "reach_separations": r"Reach buckets where one mixer's 95\% interval lies wholly above another's.",
+    "erf": r"Radii (patches) around the centre token holding 50\% and 90\% of its effective receptive field.",
     "plan_accuracy": r"The cost planner's prediction against the measurement, per point that ran.",
 }
 
@@ -144,16 +152,16 @@ def build_report(sweep_dir: Path) -> list[Path]:
     # file by file with os.replace: a failure (or a kill) midway leaves the previous report as it was.
     staging = Path(tempfile.mkdtemp(prefix=".report-", dir=sweep_dir))
     try:
-        tables, figures = _write_outputs(runs, staging / TABLES_DIR, staging / FIGURES_DIR)
+        tables, figures, frames = _write_outputs(runs, sweep_dir, staging / TABLES_DIR, staging / FIGURES_DIR)
         tables = [sweep_dir / p.relative_to(staging) for p in tables]
         figures = [sweep_dir / p.relative_to(staging) for p in figures]
-        keys = curve_keys(runs)
-        exponent_frames = report_tables.exponent_tables(exponent_table(runs), keys)
-        crossover_frames = report_tables.crossover_tables(crossover_table(runs), keys)
-        text = render_summary(sweep_dir, runs, tables, figures, exponent_frames[1], crossover_frames[1])
+        text = render_summary(sweep_dir, runs, tables, figures, *frames)
         planner = plan_accuracy_summary(runs)
         if not planner.empty:
             text += "\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner)
+        reach_lines = report_tables.parameter_lines(runs) + reach_summary_lines(runs)
+        if reach_lines:
+            text += "\n" + "\n".join(reach_lines)
         (staging / "summary.md").write_text(text, encoding="utf-8")
         summary = sweep_dir / "summary.md"
         _publish(staging, sweep_dir, tables + figures + [summary])
@@ -162,12 +170,15 @@ def build_report(sweep_dir: Path) -> list[Path]:
     return tables + figures + [summary]
 
 
-def _write_outputs(runs: pd.DataFrame, tables_dir: Path, figures_dir: Path) -> tuple[list[Path], list[Path]]:
-    """Every table and figure of `runs`, written into the two (new) folders."""
+def _write_outputs(runs: pd.DataFrame, sweep_dir: Path, tables_dir: Path,
+                   figures_dir: Path) -> tuple[list[Path], list[Path], tuple[pd.DataFrame, pd.DataFrame]]:
+    """Every table and figure of `runs`, written into the two (new) folders; also the display frames of the
+    exponents and crossovers, which the summary repeats."""
     tables_dir.mkdir(parents=True)
     figures_dir.mkdir(parents=True)
-    keys = curve_keys(runs)
-    exponents, crossovers = exponent_table(runs), crossover_table(runs)
+    curves = cost_curve_rows(runs)
+    keys = curve_keys(curves)
+    exponents, crossovers = exponent_table(curves), crossover_table(curves)
     costs = report_tables.cost_tables(runs)
     exponent_frames = report_tables.exponent_tables(exponents, keys)
     crossover_frames = report_tables.crossover_tables(crossovers, keys)
@@ -181,7 +192,18 @@ def _write_outputs(runs: pd.DataFrame, tables_dir: Path, figures_dir: Path) -> t
     if not predicted_rows(runs).empty:
         tables += report_tables.write_table(*plan_accuracy_tables(runs), tables_dir / "plan_accuracy",
                                             TABLE_CAPTIONS["plan_accuracy"])
-    return tables, write_figures(runs, exponents, crossovers, figures_dir)
+    reach = reach_tables(runs)
+    if not reach[0].empty:
+        tables += report_tables.write_table(*reach, tables_dir / "reach", TABLE_CAPTIONS["reach"])
+        tables += report_tables.write_table(*separation_tables(runs), tables_dir / "reach_separations",
+                                            TABLE_CAPTIONS["reach_separations"])
+    erf_maps = load_maps(sweep_dir, runs)
+    if not erf_maps.empty:
+        tables += report_tables.write_table(*erf_tables(erf_maps), tables_dir / "erf", TABLE_CAPTIONS["erf"])
+    figures = write_figures(runs, exponents, crossovers, figures_dir, curves)
+    with matplotlib.rc_context(RC):
+        figures += erf_figures(erf_maps, figures_dir)
+    return tables, figures, (exponent_frames[1], crossover_frames[1])
 
 
 def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
@@ -197,12 +219,22 @@ def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
                 stale.unlink()
 
 
+def cost_curve_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows cost curves (walls, exponents, crossovers) are drawn from: the cost-only rows when there are some.
+
+    A training run may build its models otherwise (the parameter-matched mamba of the accuracy configs), and one
+    such point would split every curve figure in two.
+    """
+    return runs[runs["epochs"] == 0] if (runs["epochs"] == 0).any() else runs
+
+
 def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.DataFrame,
-                  out_dir: Path) -> list[Path]:
+                  out_dir: Path, curves: pd.DataFrame | None = None) -> list[Path]:
     """Draw every figure the sweep has data for.
 
     Args:
         runs: the loaded runs.
+        curves: the rows the cost curves are drawn from (default: all runs).
         exponents: from `crossover.exponent_table`.
         crossovers: from `crossover.crossover_table`.
         out_dir: folder for the files.
@@ -210,14 +242,16 @@ def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.Da
     Returns:
         The paths written.
     """
+    curves = runs if curves is None else curves
     with matplotlib.rc_context(RC):
-        paths = wall_figures(runs, exponents, crossovers, out_dir, WALL_PANELS, "wall")
-        paths += wall_figures(runs, exponents, crossovers, out_dir, TRAIN_WALL_PANELS, "wall_train")
+        paths = wall_figures(curves, exponents, crossovers, out_dir, WALL_PANELS, "wall")
+        paths += wall_figures(curves, exponents, crossovers, out_dir, TRAIN_WALL_PANELS, "wall_train")
         # Only a grid of image sizes x patch sizes reaches one N in several ways.
-        if runs["patch_size"].nunique() > 1 and runs["img_size"].nunique() > 1:
-            paths += patch_figures(runs, out_dir)
+        if curves["patch_size"].nunique() > 1 and curves["img_size"].nunique() > 1:
+            paths += patch_figures(curves, out_dir)
         if not accuracy_rows(runs).empty:
             paths += accuracy_figures(runs, out_dir)
+            paths += reach_figures(runs, out_dir)
     return paths
 
 
@@ -376,7 +410,8 @@ def _plain(value: object) -> str:
 def _table_links(tables: list[Path], link: Callable[[Path], str]) -> list[str]:
     """One bullet per table, its Markdown first."""
     titles = {"costs": "Costs per point", "exponents": "Scaling exponents", "crossovers": "Crossovers",
-              "accuracy": "Accuracy per trained point"}
+              "accuracy": "Accuracy per trained point", "reach": "Reach accuracy per direction and distance",
+              "reach_separations": "Reach buckets that separate two mixers", "erf": "Receptive field radii"}
     lines = []
     for stem in dict.fromkeys(p.stem for p in tables):
         files = {p.suffix: p for p in tables if p.stem == stem}
@@ -389,7 +424,10 @@ _FIGURE_CAPTIONS: dict[str, str] = {
     "wall_train": "Training step: time and peak memory against tokens.",
     "wall": "The quadratic wall: latency, peak memory and GMACs against tokens (log-log).",
     "patch_resolution": "Patch size against resolution: the same N from different (image, patch) pairs.",
-    "accuracy_cost": "Accuracy against cost, with the Pareto front.",
+    "accuracy_cost": "Accuracy against cost (mean and 95% interval over seeds), with the Pareto front of the "
+                     "points above chance.",
+    "reach": "Reach: accuracy against mark distance per direction (mean and 95% interval over seeds).",
+    "erf": "Effective receptive field of the centre token, per mixer, at initialisation and after training.",
 }
 
 
@@ -442,9 +480,10 @@ def write_headline(readme: Path, sweep_dir: Path, section: str = "") -> None:
     start_marker, end_marker = headline_markers(section)
     text = check_headline_target(readme, section)
     runs = load_runs(sweep_dir / "runs.csv")
-    keys = curve_keys(runs)
-    exponents = report_tables.exponent_tables(exponent_table(runs), keys)[1]
-    crossovers = report_tables.crossover_tables(crossover_table(runs), keys)[1]
+    curves = cost_curve_rows(runs)
+    keys = curve_keys(curves)
+    exponents = report_tables.exponent_tables(exponent_table(curves), keys)[1]
+    crossovers = report_tables.crossover_tables(crossover_table(curves), keys)[1]
     base = readme.parent.resolve()
     walls = [w for w in sorted((sweep_dir / FIGURES_DIR).glob("wall*.png")) if not w.stem.startswith("wall_train")]
     ok = runs[runs["status"] == "ok"]

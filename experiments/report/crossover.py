@@ -152,8 +152,17 @@ def varying_keys(runs: pd.DataFrame, keys: tuple[str, ...] = KEY_COLUMNS) -> lis
 
 
 def facet_keys(runs: pd.DataFrame) -> list[str]:
-    """Cost keys that vary and pick a curve: neither a point's place on a curve, nor a recipe, nor a replicate."""
-    return [c for c in varying_keys(runs, COST_KEYS) if c not in AXIS_KEYS]
+    """Cost keys that vary and pick a curve: neither a point's place on a curve, nor a recipe, nor a replicate.
+
+    Overrides that differ only between mixers (one value per mixer, e.g. a parameter-matched mamba) belong to
+    the mixer, not to a separate figure.
+    """
+    return [c for c in varying_keys(runs, COST_KEYS) if c not in AXIS_KEYS and not _per_mixer(runs, c)]
+
+
+def _per_mixer(runs: pd.DataFrame, key: str) -> bool:
+    """True when `key` is an override that takes one value per mixer."""
+    return key == "overrides" and bool((runs.groupby("mixer")[key].nunique() <= 1).all())
 
 
 def accuracy_rows(runs: pd.DataFrame) -> pd.DataFrame:
@@ -164,7 +173,7 @@ def accuracy_rows(runs: pd.DataFrame) -> pd.DataFrame:
 def accuracy_facet_keys(runs: pd.DataFrame) -> list[str]:
     """Cost and recipe keys that vary among the accuracy rows and pick a figure (not the mixer or the size)."""
     rows = accuracy_rows(runs)
-    return [c for c in varying_keys(rows, COST_KEYS + RECIPE_KEYS) if c not in AXIS_KEYS]
+    return [c for c in varying_keys(rows, COST_KEYS + RECIPE_KEYS) if c not in AXIS_KEYS and not _per_mixer(rows, c)]
 
 
 def curve_keys(runs: pd.DataFrame) -> list[str]:

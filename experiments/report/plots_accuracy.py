@@ -1,6 +1,8 @@
 """Accuracy figures: top-1 accuracy against cost (GMACs, latency), with the Pareto front labelled.
 
-They split on the data set, epochs and recipe too, and read the rows that have an accuracy. Styles, facets, axes
+They split on the data set, epochs and recipe too, and read the rows that have an accuracy. A point is the mean
+over seeds with its 95% t interval as an error bar; the front runs only through points whose interval lies wholly
+above chance (`stats.above_chance`), so noise around 50% on a binary task draws no front. Styles, facets, axes
 and files come from `plots`.
 """
 from __future__ import annotations
@@ -16,6 +18,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from .crossover import COST_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank
+from .stats import above_chance
+from .tables import accuracy_summary
 from .plots import (
     COST_LABELS, FIGURE_MARGIN, Facet, NiceLogLocator, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle,
     _plain_labels, _save, facets, mixer_style,
@@ -29,6 +33,8 @@ def accuracy_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     that have one; the costs are the cost point's (the median over every row of that configuration, as in the
     wall figures and the costs table). Front points are labelled "image/patch" when the points differ in size.
 
+    Error bars are the 95% t interval over seeds (none with one seed); the dotted line is chance, where known.
+
     Returns:
         The paths written.
     """
@@ -39,9 +45,8 @@ def accuracy_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     point_costs = cost_points(runs, costs)[point + costs]
     paths = []
     for facet in facets(accuracy_rows(runs), accuracy_facet_keys(runs), always=("dataset",), context=("epochs",)):
-        points = facet.rows.groupby(point, as_index=False)["accuracy"].mean().merge(point_costs, on=point,
-                                                                                    how="left")
-        points["accuracy"] *= 100
+        summary = accuracy_summary(facet.rows, point + ["dataset"])
+        points = summary.merge(point_costs, on=point, how="left")
         paths += _save(_accuracy_figure(facet, points, costs), out_dir / f"accuracy_cost{facet.suffix}")
     return paths
 
@@ -58,10 +63,14 @@ def _accuracy_figure(facet: Facet, points: pd.DataFrame, costs: list[str]) -> Fi
     axes = fig.subplots(1, len(costs), squeeze=False)[0]
     for ax, cost in zip(axes, costs):
         _draw_accuracy_panel(ax, points.dropna(subset=[cost]), cost, label_front=not one_size)
+    level = points["chance"].iloc[0] if "chance" in points else math.nan
     fig.suptitle(title.strip(" ·"), fontsize=8.5)
     handles = [_mixer_handle(m, linestyle="none") for m in sorted(set(points["mixer"]), key=mixer_rank)]
-    front = "Pareto front" + ("" if one_size else " (image/patch px)")
+    front = "Pareto front, points above chance" + ("" if one_size else " (image/patch px)")
     handles.append(Line2D([], [], color="0.25", linestyle="--", linewidth=0.9, label=front))
+    handles.append(Line2D([], [], color="0.25", marker="|", linestyle="none", label="95% CI over seeds"))
+    if math.isfinite(level):
+        handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=1.6,
                ncol=_legend_columns([h.get_label() for h in handles], width, handle_in=1.6 * 7 / 72))
     return fig
@@ -83,13 +92,23 @@ def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
 
 
 def _draw_accuracy_panel(ax: Axes, points: pd.DataFrame, cost: str, label_front: bool) -> None:
-    """Scatter of accuracy against one cost, the Pareto front as a step line, its points optionally labelled."""
+    """Means with 95% intervals against one cost, chance dotted, and the Pareto front of the points above chance
+    as a step line, its points optionally labelled."""
     for mixer, group in points.groupby("mixer"):
         style = mixer_style(mixer)
         ax.scatter(group[cost], group["accuracy"], color=style.color, marker=style.marker, s=30, zorder=3,
                    edgecolors="white", linewidths=0.5)
-    front = points.iloc[pareto_front(points[cost].to_numpy(), points["accuracy"].to_numpy())]
-    ax.step(front[cost], front["accuracy"], where="post", color="0.25", linestyle="--", linewidth=0.9, zorder=2)
+        half = (group["accuracy_ci_high"] - group["accuracy_ci_low"]) / 2
+        ax.errorbar(group[cost], group["accuracy"], yerr=half.where(half.notna(), 0), fmt="none",
+                    ecolor=style.color, elinewidth=0.9, capsize=2, zorder=2.5)
+    level = points["chance"].iloc[0] if len(points) else math.nan
+    if math.isfinite(level):
+        ax.axhline(level, color="0.5", linestyle=":", linewidth=0.9, zorder=1)
+    real = points[[above_chance(lo, n, level if math.isfinite(level) else None)
+                   for lo, n in zip(points["accuracy_ci_low"], points["seeds"])]]
+    front = real.iloc[pareto_front(real[cost].to_numpy(), real["accuracy"].to_numpy())]
+    if len(front):
+        ax.step(front[cost], front["accuracy"], where="post", color="0.25", linestyle="--", linewidth=0.9, zorder=2)
     if label_front:
         _label_front(ax, front, cost)
     ax.set_xscale("log")

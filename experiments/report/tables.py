@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .stats import chance, seed_stats
 from .crossover import (
     COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank,
     varying_keys,
@@ -42,6 +43,10 @@ HEADERS: dict[str, str] = {
     "train_step_iqr_ms": "Train step IQR (ms)",
     "train_peak_mem_mb": "Peak mem. train (MiB)",
     "accuracy": "Top-1 acc. (%)",
+    "accuracy_sd": "Acc. s.d. (%)",
+    "accuracy_ci_low": "Acc. 95% CI low (%)",
+    "accuracy_ci_high": "Acc. 95% CI high (%)",
+    "chance": "Chance (%)",
     "best_accuracy": "Best acc. (%)",
     "train_time_s": "Train time (s)",
     "status": "Status",
@@ -54,11 +59,6 @@ HEADERS: dict[str, str] = {
 COST_TABLE_METRICS: tuple[str, ...] = (
     "params", "gmacs", "latency_ms", "latency_iqr_ms", "throughput_img_s", "peak_mem_mb",
     "train_step_ms", "train_step_iqr_ms", "train_peak_mem_mb",
-)
-
-# Columns of the accuracy table besides its keys: (column, how seeds combine), in order.
-ACCURACY_TABLE_METRICS: tuple[tuple[str, str], ...] = (
-    ("accuracy", "mean"), ("best_accuracy", "mean"), ("train_time_s", "median"),
 )
 
 # Timings shown as one "median ± IQR" cell: the median column, its spread column and the cell's header.
@@ -165,41 +165,87 @@ def _status_cell(row: pd.Series) -> str:
 
 
 def accuracy_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One row per trained point: accuracy (mean over seeds) with the point's cost.
+    """One row per trained point: accuracy over seeds (mean, s.d., 95% t interval, n) beside params and GMACs.
 
     The accuracy comes from the rows with one (`crossover.accuracy_rows`); the cost columns are the cost point's
     (`crossover.cost_points`), so they read the same as in the costs table. Data set and epochs are always shown,
-    the other recipe and cost keys when they vary.
+    the other recipe and cost keys when they vary. Chance is the data set's (`stats.CHANCE`), when known.
 
     Returns:
-        The numeric frame (accuracy in percent) and its display frame.
+        The numeric frame (accuracy in percent, params in millions) and its display frame.
     """
     rows = accuracy_rows(runs)
     if rows.empty:
         return pd.DataFrame(), pd.DataFrame()
     group = list(COST_KEYS) + list(RECIPE_KEYS) + ["tokens"]
-    metrics = [(c, how) for c, how in ACCURACY_TABLE_METRICS if rows[c].notna().any()]
-    grouped = rows.groupby(group, sort=False)
-    table = grouped.agg(**{c: (c, how) for c, how in metrics}, seeds=("seed", "nunique"),
-                        accuracy_sd=("accuracy", "std")).reset_index()
-    costs = [c for c in ("gmacs", "latency_ms") if runs[c].notna().any()]
+    table = accuracy_summary(rows, group)
+    costs = [c for c in ("params", "gmacs", "latency_ms") if runs[c].notna().any()]
     table = table.merge(cost_points(runs, costs), on=list(COST_KEYS) + ["tokens"], how="left")
-    for column in ("accuracy", "best_accuracy", "accuracy_sd"):
-        if column in table:
-            table[column] = table[column] * 100
+    if "params" in table:
+        table["params"] = table["params"] / 1e6
     shown = ["mixer"] + [k for k in ("dataset", "epochs") if k not in accuracy_facet_keys(runs)]
+    # Per-mixer overrides (a parameter-matched mamba) are no facet, but the reader must see them.
+    shown += ["overrides"] if rows["overrides"].nunique() > 1 else []
     shown += [k for k in accuracy_facet_keys(runs)] + list(POINT_KEYS)
     shown = list(dict.fromkeys(shown))
-    several_seeds = bool((table["seeds"] > 1).any())
-    values = [c for c, _ in metrics] + costs
-    numeric = sort_rows(table[shown + (["seeds", "accuracy_sd"] if several_seeds else []) + values],
-                        [k for k in shown if k not in POINT_KEYS] + ["patch_size", "tokens"])
-    display = _metric_cells(numeric, shown, values)
-    if several_seeds:
-        display[HEADERS["seeds"]] = numeric["seeds"].astype(str)
-        display[HEADERS["accuracy"]] = [fmt_spread(m, s) for m, s in zip(numeric["accuracy"], numeric["accuracy_sd"])]
-        display = display.rename(columns={HEADERS["accuracy"]: "Top-1 acc. (%, mean ± s.d.)"})
+    spread = ["accuracy", "accuracy_sd", "accuracy_ci_low", "accuracy_ci_high", "seeds", "chance"]
+    values = [c for c in ("best_accuracy", "train_time_s") if c in table and table[c].notna().any()] + costs
+    numeric = sort_rows(table[shown + spread + values], [k for k in shown if k not in POINT_KEYS] + ["patch_size", "tokens"])
+    display = numeric[shown].astype(str)
+    display["Top-1 acc. (%, mean ± s.d.)"] = [fmt_spread(m, s) for m, s in zip(numeric["accuracy"], numeric["accuracy_sd"])]
+    display["95% CI (%)"] = [_interval_cell(lo, hi) for lo, hi in zip(numeric["accuracy_ci_low"], numeric["accuracy_ci_high"])]
+    display["n"] = numeric["seeds"].astype(int).astype(str)
+    display["Chance (%)"] = numeric["chance"].map(lambda v: fmt_number(v, 3))
+    display = pd.concat([display, _metric_cells(numeric, [], values)], axis=1)
     return numeric.rename(columns=HEADERS), display.rename(columns=HEADERS)
+
+
+def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accuracy") -> pd.DataFrame:
+    """Per group: `column` over seeds as mean, s.d., 95% t interval (in percent) and n, with the chance level.
+
+    Returns:
+        The group columns, then accuracy, accuracy_sd, accuracy_ci_low, accuracy_ci_high, seeds, chance (percent;
+        NaN where unknown), and the mean best_accuracy and median train_time_s when the rows have them.
+    """
+    records = []
+    for values, sub in rows.groupby(group, sort=False, dropna=False):
+        stats = seed_stats(sub[column] * 100)
+        level = chance(str(sub["dataset"].iloc[0])) if "dataset" in sub else None
+        record = dict(zip(group, values if isinstance(values, tuple) else (values,)))
+        record.update(accuracy=stats["mean"], accuracy_sd=stats["sd"], accuracy_ci_low=stats["ci_low"],
+                      accuracy_ci_high=stats["ci_high"], seeds=stats["n"],
+                      chance=level * 100 if level is not None else math.nan)
+        if "best_accuracy" in sub:
+            record["best_accuracy"] = sub["best_accuracy"].mean() * 100
+        if "train_time_s" in sub:
+            record["train_time_s"] = sub["train_time_s"].median()
+        records.append(record)
+    return pd.DataFrame.from_records(records)
+
+
+def parameter_lines(runs: pd.DataFrame) -> list[str]:
+    """A summary section: parameters of each trained mixer against attention's, and the overrides that set them,
+    so a reader sees whether an accuracy gap could be a capacity gap."""
+    rows = accuracy_rows(runs)
+    if rows.empty or not rows["params"].notna().any():
+        return []
+    per_mixer = rows.groupby("mixer").agg(params=("params", "median"),
+                                          overrides=("overrides", lambda o: "; ".join(sorted(set(o)))))
+    lines = ["## Fair comparison: parameters of the trained models", ""]
+    reference = per_mixer["params"].get("attention")
+    for mixer in sorted(per_mixer.index, key=mixer_rank):
+        params, overrides = per_mixer.at[mixer, "params"], per_mixer.at[mixer, "overrides"]
+        versus = f" ({(params / reference - 1) * 100:+.1f}% vs attention)" if reference else ""
+        setting = f", overrides `{overrides}`" if overrides not in ("", "{}") else ""
+        lines.append(f"- {mixer}: {params / 1e6:.3f} M parameters{versus}{setting}")
+    return lines + [""]
+
+
+def _interval_cell(low: float, high: float) -> str:
+    """"[low, high]" to one decimal, or a dash with one seed (no interval)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return MISSING
+    return f"[{low:.1f}, {high:.1f}]"
 
 
 def exponent_tables(exponents: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:

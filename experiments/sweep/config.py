@@ -57,6 +57,7 @@ class SweepConfig:
     data_dir: str = ""
     data_path: str = ""
     measure_train_step: bool = True
+    erf: bool = False  # training points save effective receptive field maps to <out>/erf/<key hash>.npz
     timeout_s: float = 1800.0
     memory_limit_mb: int = 0  # CPU only: cap on what one point may allocate, 0 = none
     num_threads: int = 0  # 0 = torch's default
@@ -133,8 +134,12 @@ class SweepConfig:
         ]
         if not self.epochs:
             return points
-        # A training point checkpoints every epoch under a folder named by its key, so a rerun resumes it.
-        return [dataclasses.replace(p, checkpoint_dir=str(checkpoints / _digest(p.key))) for p in points]
+        # A training point checkpoints every epoch under a folder named by its key, so a rerun resumes it; its
+        # receptive field maps are named by the same hash, so the report can match them to their row.
+        erf = self.out_dir / "erf"
+        return [dataclasses.replace(p, checkpoint_dir=str(checkpoints / _digest(p.key)),
+                                    erf_path=str(erf / f"{_digest(p.key)}.npz") if self.erf else "")
+                for p in points]
 
     def _check_training(self) -> None:
         if self.epochs == 0:

@@ -43,6 +43,8 @@ class DatasetBundle:
         std: per-channel std divided by.
         augment: whether the train split is augmented.
         description: one line on source, sizes, interpolation, normalisation and augmentation.
+        test_buckets: for tasks that sort their test images into buckets (reach: direction and distance), the
+            bucket label of each test image, so evaluation can report accuracy per bucket; None otherwise.
     """
 
     name: str
@@ -55,6 +57,7 @@ class DatasetBundle:
     std: tuple[float, ...]
     augment: bool
     description: str
+    test_buckets: tuple[str, ...] | None = None
 
 
 def _resize(x: torch.Tensor, img_size: int) -> torch.Tensor:

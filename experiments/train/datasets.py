@@ -6,6 +6,10 @@ Names (``DATASET_NAMES``):
   (variant ``lra`` / ``scaled``), drawn natively at ``img_size``, 1 channel, no augmentation. Cached as .npz under
   ``data_dir`` when given, else under ``experiments.train.pathfinder.default_cache_dir()``. The train split uses
   generator seed ``2 * seed``, the test split ``2 * seed + 1``, so the two never share an image.
+- ``reach``: the generated two-mark task of ``experiments.train.reach`` (label: do the marks share a shape), its
+  distances counted in patches, so it needs ``patch_size``; 1 channel, no augmentation, generated in memory (fast,
+  not cached). Train split seed ``2 * seed``, test ``2 * seed + 1``. The test split carries each image's
+  (direction, distance) bucket in ``DatasetBundle.test_buckets``.
 - ``cifar10`` / ``cifar100``: torchvision's loaders reading ``data_dir``; they download there when online. Offline
   with the files missing, a ``DatasetError`` says which folder and files to put where, or to use ``npz``.
 - ``npz``: a file at ``data_path`` with arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` (images uint8, HWC
@@ -49,8 +53,12 @@ __all__ = [
     "check_dataset_available",
 ]
 
-DATASET_NAMES: tuple[str, ...] = ("pathfinder", "pathfinder_scaled", "cifar10", "cifar100", "npz", "imagefolder")
+DATASET_NAMES: tuple[str, ...] = (
+    "pathfinder", "pathfinder_scaled", "reach", "cifar10", "cifar100", "npz", "imagefolder",
+)
 PATHFINDER_DEFAULT_SAMPLES = (10_000, 2_000)  # (train, test) when not given
+# Test images are split over (direction, distance) buckets: 3000 leave ~200 per bucket of the 32 px task.
+REACH_DEFAULT_SAMPLES = (8_000, 3_000)
 
 
 def _pathfinder(
@@ -93,6 +101,37 @@ def _pathfinder(
     )
 
 
+def _reach(
+    *, img_size: int, patch_size: int | None, seed: int, train_samples: int | None, test_samples: int | None,
+) -> DatasetBundle:
+    from .reach import bucket_names, generate_reach, reach_params
+
+    if patch_size is None:
+        raise DatasetError("reach counts distances in patches: build_dataset needs patch_size")
+    try:
+        params = reach_params(img_size, patch_size)
+    except ValueError as err:
+        raise DatasetError(str(err)) from err
+    n_train = train_samples if train_samples is not None else REACH_DEFAULT_SAMPLES[0]
+    n_test = test_samples if test_samples is not None else REACH_DEFAULT_SAMPLES[1]
+    if n_train <= 0 or n_test <= 0 or seed < 0:
+        raise DatasetError(f"reach needs positive sample counts and a non-negative seed, got {n_train}, {n_test}, {seed}")
+    train_data, test_data = (generate_reach(params, n, seed=2 * seed + split)
+                             for split, n in ((0, n_train), (1, n_test)))
+    train_x = torch.from_numpy(train_data.images)[:, None]  # (N, 1, H, W)
+    mean, std = _channel_stats(train_data.images[..., None])
+    train = ArrayDataset(train_x, torch.from_numpy(train_data.labels), img_size, mean, std)
+    test = ArrayDataset(torch.from_numpy(test_data.images)[:, None], torch.from_numpy(test_data.labels), img_size,
+                        mean, std)
+    names = bucket_names(params)
+    description = (
+        f"reach ({params.num_shapes} shapes, {params.num_distractors} distractors, patch {patch_size} px, "
+        f"distances {list(params.distances)} patches, {', '.join(params.directions)}): {n_train} train / "
+        f"{n_test} test generated at {img_size} px (seeds {2 * seed}, {2 * seed + 1}); normalised with mean "
+        f"{mean} std {std} of the train split; no augmentation"
+    )
+    return DatasetBundle("reach", train, test, 2, 1, img_size, mean, std, False, description,
+                         tuple(names[b] for b in test_data.buckets))
 
 
 def build_dataset(
@@ -107,6 +146,7 @@ def build_dataset(
     augment: bool | None = None,
     rand_augment: str = DEFAULT_RAND_AUGMENT,
     workers: int | None = None,
+    patch_size: int | None = None,
 ) -> DatasetBundle:
     """Build the train and test splits of a data set at one image size.
 
@@ -123,6 +163,7 @@ def build_dataset(
         augment: augment the train split; None: on for natural images, off for pathfinder (which has none).
         rand_augment: timm RandAugment config for natural images, "" for crop and flip only.
         workers: processes for pathfinder generation (None: one per core).
+        patch_size: the model's patch side; reach needs it (its distances are in patches), others ignore it.
 
     Returns:
         The ``DatasetBundle``.
@@ -143,6 +184,11 @@ def build_dataset(
             variant, img_size=img_size, data_dir=data_dir, seed=seed, train_samples=train_samples,
             test_samples=test_samples, workers=workers,
         )
+    if name == "reach":
+        if augment:
+            raise DatasetError("reach takes no augmentation: leave augment unset or False")
+        return _reach(img_size=img_size, patch_size=patch_size, seed=seed, train_samples=train_samples,
+                      test_samples=test_samples)
     augment = True if augment is None else bool(augment)
     common = dict(
         img_size=img_size, augment=augment, rand_augment=rand_augment, seed=seed, train_samples=train_samples,
@@ -162,7 +208,7 @@ def check_dataset_available(
 
     Cheap where it can be: the name is checked; ``npz`` opens the file and checks the array names without reading
     them; ``imagefolder`` checks the folders. ``cifar10``/``cifar100`` load (downloading once when files are missing
-    and the machine is online, so that the points do not each try). ``pathfinder`` needs nothing (it is generated).
+    and the machine is online, so that the points do not each try). ``pathfinder`` and ``reach`` need nothing (they are generated).
 
     Args:
         name: one of ``DATASET_NAMES``.

@@ -270,6 +270,31 @@ def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, dtype:
     return correct.item() / max(total, 1)
 
 
+@torch.no_grad()
+def evaluate_by_bucket(
+    model: nn.Module, dataset: Dataset, buckets: Iterable[str], *, device: torch.device, dtype: torch.dtype,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Top-1 accuracy in [0, 1] per bucket: `buckets` gives each item of `dataset` its bucket label.
+
+    Returns:
+        {bucket: accuracy}, buckets in order of first appearance.
+    """
+    model.eval()
+    labels = list(buckets)
+    correct: list[bool] = []
+    for images, targets in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        with _autocast(device, dtype):
+            logits = model(images.to(device))
+        correct += (logits.argmax(dim=-1).cpu() == targets).tolist()
+    if len(correct) != len(labels):
+        raise ValueError(f"{len(labels)} bucket labels for {len(correct)} items")
+    hits: dict[str, list[int]] = {}
+    for bucket, ok in zip(labels, correct, strict=True):
+        hits.setdefault(bucket, []).append(ok)
+    return {bucket: sum(oks) / len(oks) for bucket, oks in hits.items()}
+
+
 def train_and_evaluate(
     model: nn.Module,
     train_set: Dataset,

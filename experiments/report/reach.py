@@ -1,0 +1,179 @@
+"""Reach curves: accuracy against mark distance, one line per mixer, one panel per direction, 95% intervals over
+seeds; their table, and which buckets separate two mixers' intervals.
+
+Reads the `accuracy_by_bucket` column (JSON {"direction:distance": accuracy}) that reach training points write;
+one model per mixer and seed is evaluated on every bucket, so a bucket's n is the number of seeds.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, mixer_rank
+from .plots import FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, facets, mixer_style
+from .stats import chance, seed_stats
+from .tables import MISSING, sort_rows
+
+DIRECTION_ORDER = ("horizontal", "vertical", "diagonal")
+
+
+def bucket_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run row, bucket): the run's key columns, `direction`, `distance` and `bucket_accuracy` (%)."""
+    rows = accuracy_rows(runs)
+    rows = rows[rows["accuracy_by_bucket"].astype(str).str.strip().str.startswith("{")]
+    records = []
+    for _, row in rows.iterrows():
+        for bucket, value in json.loads(row["accuracy_by_bucket"]).items():
+            direction, distance = bucket.rsplit(":", 1)
+            record = {k: row[k] for k in (*COST_KEYS, *RECIPE_KEYS, "tokens", "seed")}
+            record.update(direction=direction, distance=int(distance), bucket_accuracy=float(value) * 100)
+            records.append(record)
+    return pd.DataFrame.from_records(records)
+
+
+def _group_keys(buckets: pd.DataFrame) -> list[str]:
+    return [*COST_KEYS, *RECIPE_KEYS, "tokens", "direction", "distance"]
+
+
+def reach_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per mixer, setting and bucket: mean, s.d., 95% t interval (in %) and n over seeds, with chance."""
+    buckets = bucket_rows(runs)
+    if buckets.empty:
+        return pd.DataFrame()
+    records = []
+    for values, sub in buckets.groupby(_group_keys(buckets), sort=False, dropna=False):
+        stats = seed_stats(sub["bucket_accuracy"])
+        level = chance(str(sub["dataset"].iloc[0]))
+        records.append({**dict(zip(_group_keys(buckets), values)), "accuracy": stats["mean"],
+                        "accuracy_sd": stats["sd"], "ci_low": stats["ci_low"], "ci_high": stats["ci_high"],
+                        "seeds": stats["n"], "chance": level * 100 if level is not None else math.nan})
+    summary = pd.DataFrame.from_records(records)
+    summary["direction_rank"] = summary["direction"].map(lambda d: DIRECTION_ORDER.index(d)
+                                                         if d in DIRECTION_ORDER else len(DIRECTION_ORDER))
+    return sort_rows(summary, ["direction_rank", "distance", "mixer"]).drop(columns="direction_rank")
+
+
+def separations(summary: pd.DataFrame) -> pd.DataFrame:
+    """Pairs of mixers whose 95% intervals do not overlap in some bucket (same setting): better, worse, by how much."""
+    if summary.empty:
+        return pd.DataFrame()
+    setting = [k for k in (*COST_KEYS, *RECIPE_KEYS, "tokens") if k != "mixer" and k in summary]
+    # Mixers differ in their overrides (a parameter-matched mamba), so the setting a pair shares excludes them.
+    setting = [k for k in setting if k != "overrides"]
+    records = []
+    for values, sub in summary.groupby([*setting, "direction", "distance"], sort=False, dropna=False):
+        sub = sub[sub["seeds"] >= 2]
+        for _, a in sub.iterrows():
+            for _, b in sub.iterrows():
+                if a["mixer"] != b["mixer"] and a["ci_low"] > b["ci_high"]:
+                    records.append({"direction": a["direction"], "distance": a["distance"], "better": a["mixer"],
+                                    "worse": b["mixer"], "better_acc": a["accuracy"], "worse_acc": b["accuracy"],
+                                    "gap": a["ci_low"] - b["ci_high"], "seeds": min(a["seeds"], b["seeds"])})
+    return pd.DataFrame.from_records(records)
+
+
+def reach_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The reach table: numeric long frame, and a display frame with a row per bucket and a column per mixer,
+    cells "mean ± s.d. [95% CI]" in percent."""
+    summary = reach_summary(runs)
+    if summary.empty:
+        return summary, pd.DataFrame()
+    varying = [k for k in accuracy_facet_keys(runs) if k in summary and k != "overrides"]
+    index = [*varying, "direction", "distance"]
+    summary = summary.assign(cell=[_cell(r) for _, r in summary.iterrows()])
+    wide = summary.pivot_table(index=index, columns="mixer", values="cell", aggfunc="first", sort=False)
+    wide = wide[sorted(wide.columns, key=mixer_rank)].fillna(MISSING).reset_index()
+    wide = wide.rename(columns={"direction": "Direction", "distance": "Distance (patches)"})
+    numeric = summary.drop(columns="cell").rename(columns={"accuracy": "accuracy_pct", "accuracy_sd": "sd_pct",
+                                                           "ci_low": "ci_low_pct", "ci_high": "ci_high_pct"})
+    return numeric, wide.astype(str)
+
+
+def _cell(row: pd.Series) -> str:
+    if not math.isfinite(row["ci_low"]):
+        return f"{row['accuracy']:.1f}"
+    return f"{row['accuracy']:.1f} ± {row['accuracy_sd']:.1f} [{row['ci_low']:.1f}, {row['ci_high']:.1f}]"
+
+
+def separation_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Buckets where one mixer's interval lies wholly above another's."""
+    pairs = separations(reach_summary(runs))
+    if pairs.empty:
+        return pairs, pd.DataFrame()
+    display = pd.DataFrame({
+        "Direction": pairs["direction"], "Distance (patches)": pairs["distance"].astype(str),
+        "Better": pairs["better"], "Worse": pairs["worse"],
+        "Acc. (%)": [f"{a:.1f} vs {b:.1f}" for a, b in zip(pairs["better_acc"], pairs["worse_acc"])],
+        "Gap between intervals (pts)": pairs["gap"].map(lambda v: f"{v:.1f}"), "n": pairs["seeds"].astype(str),
+    })
+    return pairs, display
+
+
+def reach_summary_lines(runs: pd.DataFrame) -> list[str]:
+    """A summary section: how many buckets separate a pair of mixers, and the largest gaps."""
+    summary = reach_summary(runs)
+    if summary.empty:
+        return []
+    pairs = separations(summary)
+    seeds = int(summary["seeds"].min())
+    lines = ["## Reach: does any distance or direction separate two mixers?", ""]
+    if seeds < 2:
+        return lines + ["Only one seed per bucket: no interval, so no separation can be claimed.", ""]
+    if pairs.empty:
+        return lines + [f"No: in no bucket does one mixer's 95% interval ({seeds}+ seeds) lie wholly above "
+                        "another's.", ""]
+    lines.append(f"Yes, in {pairs.groupby(['direction', 'distance']).ngroups} of "
+                 f"{summary.groupby(['direction', 'distance']).ngroups} buckets ({seeds}+ seeds, 95% t intervals "
+                 "not overlapping); the widest gaps:")
+    lines.append("")
+    for _, p in pairs.sort_values("gap", ascending=False).head(8).iterrows():
+        lines.append(f"- {p['direction']} {p['distance']} patches: {p['better']} {p['better_acc']:.1f}% > "
+                     f"{p['worse']} {p['worse_acc']:.1f}% (gap {p['gap']:.1f} pts)")
+    return lines + [""]
+
+
+def reach_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Accuracy against distance: a panel per direction, a line per mixer, 95% intervals as error bars."""
+    summary = reach_summary(runs)
+    if summary.empty:
+        return []
+    keys = [k for k in accuracy_facet_keys(runs) if k in summary and k != "overrides"]
+    paths = []
+    for facet in facets(summary, keys, context=("epochs",)):
+        paths += _save(_reach_figure(facet.rows, facet.title), out_dir / f"reach{facet.suffix}")
+    return paths
+
+
+def _reach_figure(rows: pd.DataFrame, title: str) -> Figure:
+    directions = sorted(rows["direction"].unique(), key=lambda d: (DIRECTION_ORDER + (d,)).index(d))
+    width = (PANEL_WIDTH + 0.1) * len(directions) + FIGURE_MARGIN
+    fig = Figure(figsize=(width, PANEL_HEIGHT + 0.8), layout="constrained")
+    axes = fig.subplots(1, len(directions), squeeze=False, sharey=True)[0]
+    mixers = sorted(rows["mixer"].unique(), key=mixer_rank)
+    level = rows["chance"].iloc[0]
+    for ax, direction in zip(axes, directions):
+        for mixer in mixers:
+            line = rows[(rows["direction"] == direction) & (rows["mixer"] == mixer)].sort_values("distance")
+            style = mixer_style(mixer)
+            half = ((line["ci_high"] - line["ci_low"]) / 2).fillna(0)
+            ax.errorbar(line["distance"], line["accuracy"], yerr=half, color=style.color, marker=style.marker,
+                        linestyle=style.linestyle, markersize=4, linewidth=1.1, capsize=2, elinewidth=0.8)
+        if math.isfinite(level):
+            ax.axhline(level, color="0.5", linestyle=":", linewidth=0.9)
+        ax.set_title(direction, fontsize=8)
+        ax.set_xlabel("Mark distance (patches)")
+        ax.set_xticks(sorted(rows["distance"].unique()))
+    axes[0].set_ylabel("Top-1 accuracy (%)")
+    seeds = int(rows["seeds"].min())
+    fig.suptitle(f"{title} · mean and 95% CI over {seeds} seed{'s' * (seeds != 1)}".strip(" ·"), fontsize=8.5)
+    handles = [_mixer_handle(m, linestyle=mixer_style(m).linestyle) for m in mixers]
+    if math.isfinite(level):
+        handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
+    fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=2.2,
+               ncol=_legend_columns([h.get_label() for h in handles], width, handle_in=2.2 * 7 / 72))
+    return fig

@@ -1,0 +1,112 @@
+"""The report's accuracy spread, reach curves and receptive field maps, from a synthetic sweep folder."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.report.build import build_report, load_runs
+from experiments.report.erf import mass_radius
+from experiments.report.reach import reach_summary, separations
+from experiments.report.stats import above_chance, seed_stats, t975
+from experiments.schema import COLUMNS, KEY_COLUMNS
+from experiments.sweep.config import _digest
+from experiments.train.erf import save_erf
+
+MIXERS = {"attention": 0.95, "swin": 0.6, "mamba": 0.52}  # accuracy at the longest distance
+DISTANCES = (1, 3, 7)
+
+
+def reach_runs() -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = []
+    for mixer, far in MIXERS.items():
+        for seed in range(3):
+            by_bucket = {}
+            for direction in ("horizontal", "vertical", "diagonal"):
+                for d in DISTANCES:
+                    base = 0.97 if d == 1 else far
+                    by_bucket[f"{direction}:{d}"] = round(float(base + rng.normal(0, 0.005)), 4)
+            row = {c: "" for c in COLUMNS}
+            row.update(mixer=mixer, preset="micro", overrides="{}" if mixer != "mamba" else '{"mixer_options":{"expand":1}}',
+                       img_size=32, patch_size=4, batch_size=1, device="cpu", dtype="float32", dataset="reach",
+                       epochs=4, seed=seed, train='{"batch_size":64}', tokens=64, status="ok", params=2e5,
+                       gmacs=0.015, latency_ms=1.0, peak_mem_mb=1.0, accuracy=np.mean(list(by_bucket.values())),
+                       accuracy_by_bucket=json.dumps(by_bucket), train_time_s=10.0)
+            rows.append(row)
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+@pytest.fixture()
+def sweep(tmp_path: Path) -> Path:
+    runs = reach_runs()
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    grid = np.zeros((32, 32))
+    for _, row in runs.iterrows():
+        key = {c: row[c] for c in KEY_COLUMNS}
+        wide = {"attention": 12, "swin": 3, "mamba": 8}[row["mixer"]]
+        init = np.zeros((32, 32))
+        init[16 - wide // 2 : 16 + wide // 2 + 2, 16 - wide // 2 : 16 + wide // 2 + 2] = 1
+        save_erf(tmp_path / "erf" / f"{_digest(tuple(str(key[c]) for c in KEY_COLUMNS))}.npz",
+                 {"init": init, "trained": init + grid}, key, 4)
+    save_erf(tmp_path / "erf" / "stale.npz", {"init": np.ones((32, 32))}, {"mixer": "gone"}, 4)
+    return tmp_path
+
+
+def test_t_interval() -> None:
+    assert t975(2) == pytest.approx(4.303)
+    assert t975(60) == pytest.approx(2.000, abs=2e-3)
+    stats = seed_stats([50.0, 52.0, 54.0])
+    assert stats["mean"] == 52 and stats["sd"] == pytest.approx(2.0) and stats["n"] == 3
+    assert stats["ci_high"] - stats["mean"] == pytest.approx(4.303 * 2 / math.sqrt(3))
+    one = seed_stats([51.0])
+    assert one["n"] == 1 and math.isnan(one["ci_low"])
+    assert not above_chance(one["ci_low"], 1, 50) and not above_chance(stats["ci_low"], 3, 50)
+    assert above_chance(51.0, 3, 50)
+
+
+def test_reach_summary_and_separations() -> None:
+    runs = load_runs_frame(reach_runs())
+    summary = reach_summary(runs)
+    assert len(summary) == len(MIXERS) * 3 * len(DISTANCES) and (summary["seeds"] == 3).all()
+    pairs = separations(summary)
+    far = pairs[pairs["distance"] == 7]
+    assert {("attention", "swin"), ("attention", "mamba"), ("swin", "mamba")} <= set(zip(far["better"], far["worse"]))
+    assert pairs[pairs["distance"] == 1].empty  # all at 97% there
+
+
+def load_runs_frame(frame: pd.DataFrame, tmp: Path | None = None) -> pd.DataFrame:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "runs.csv"
+        frame.to_csv(path, index=False)
+        return load_runs(path)
+
+
+def test_report_draws_reach_erf_and_spread(sweep: Path) -> None:
+    written = {p.relative_to(sweep).as_posix() for p in build_report(sweep)}
+    for stem in ("reach", "erf", "accuracy_cost_reach"):
+        assert {f"figures/{stem}.png", f"figures/{stem}.pdf"} <= written, stem
+    for stem in ("accuracy", "reach", "reach_separations", "erf"):
+        assert f"tables/{stem}.md" in written, stem
+    accuracy = (sweep / "tables" / "accuracy.md").read_text()
+    assert "95% CI (%)" in accuracy and "Params (M)" in accuracy and "GMACs / img" in accuracy
+    erf = pd.read_csv(sweep / "tables" / "erf.csv")
+    assert set(erf["mixer"]) == set(MIXERS) and (erf["seeds"] == 3).all()  # the stale file is ignored
+    radii = erf[erf["stage"] == "init"].set_index("mixer")["r90_patches"]
+    assert radii["swin"] < radii["mamba"] < radii["attention"]
+    summary = (sweep / "summary.md").read_text()
+    assert "## Reach: does any distance" in summary and "attention" in summary and "figures/erf.png" in summary
+
+
+def test_mass_radius() -> None:
+    grad = np.zeros((8, 8))
+    grad[3:5, 3:5] = 1  # the centre token of a 4 x 4 grid of 2 px patches is the patch at rows/cols 4-5
+    assert mass_radius(grad, 2, 0.5) < 1.5
+    uniform = np.ones((8, 8))
+    assert mass_radius(uniform, 2, 0.9) > mass_radius(uniform, 2, 0.5) > 0
