@@ -89,6 +89,7 @@ def test_a_measured_row_is_complete(mixer: str) -> None:
     assert row["status"] == "ok", row["error"]
     unfilled = [c for c in COLUMNS if c not in KEY_COLUMNS and row.get(c) in (None, "")]
     expected_empty = {"error", "peak_mem_reserved_mb", "cuda_version", "train_samples", "accuracy", "best_accuracy",
+                      "accuracy_by_bucket",
                       "final_train_loss", "train_time_s", "train_img_s"}
     assert set(unfilled) <= expected_empty
     assert row["macs"] == pytest.approx(row["macs_analytic"], rel=0.01)
