@@ -149,3 +149,20 @@ def test_dry_run_plans_cuda_on_a_machine_without_one(tmp_path: Path) -> None:
                             text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert "UNCALIBRATED" in result.stdout and "attention micro" in result.stdout
+
+
+def test_planner_builds_from_training_rows_alone(tmp_path: Path) -> None:
+    """A resumed training-only sweep has rows with epochs but no cost rows: the planner must still build.
+
+    It once raised a TypeError there, subtracting an unknown (None) cost-phase time from a point's seconds.
+    """
+    from experiments.sweep.config import config_from_dict, load_config
+    from experiments.sweep.plan import Planner
+    from mixers import list_mixers
+
+    values, source = load_config("reach_cpu")
+    points = config_from_dict(values, source).points(list_mixers())
+    runs = tmp_path / "runs.csv"
+    runs.write_text((REPO / "results" / "reach_cpu" / "runs.csv").read_text())
+    planner = Planner.build(points, runs, calibrate=False)
+    assert all(planner.predict(p).point.key == p.key for p in points)

@@ -142,8 +142,10 @@ class Planner:
         for point, row in self.samples:
             if point.epochs <= 0 or not row.get("point_seconds"):
                 continue
-            base = self._train_base_s(point)
-            spent = float(row["point_seconds"]) - self._point_s_without_training(point)
+            base, without = self._train_base_s(point), self._point_s_without_training(point)
+            if base is None or without is None:  # no cost rows yet to split the point's time (a resumed training run)
+                continue
+            spent = float(row["point_seconds"]) - without
             if base and spent > 0:
                 ratios.setdefault(CostModel.group(point), []).append(spent / base)
                 ratios.setdefault("*", []).append(spent / base)
