@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
 from mixers import create_mixer
 from mixers.selective_scan import resolve_scan_impl, selective_scan
@@ -56,13 +57,13 @@ def test_cuda_bf16_matches_cpu_fp32(name: str) -> None:
     assert relative_error(out.float().cpu(), reference) < 3e-2
 
 
-@pytest.mark.skipif(resolve_scan_impl("auto", torch.device("cuda")) != "mamba_ssm_cuda",
-                    reason="mamba-ssm's CUDA kernel does not import here")
-@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float32, 6e-4, 2e-3), (torch.bfloat16, 3e-2, 5e-2)])
-def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype, rtol: float, atol: float) -> None:
-    """mamba-ssm's kernel against our scan at mamba's own test tolerances, forward and every gradient."""
+def _scan_pair(impl: str, dtype: torch.dtype, length: int) -> tuple[dict, dict, str, Tensor, Tensor]:
+    """`impl` on CUDA inputs of `dtype` against torch_stream on the same values upcast to float32.
+
+    Returns the low-precision inputs, their float32 copies, the implementation that ran, y and y_ref.
+    """
     torch.manual_seed(0)
-    b, d, length, n = 2, 64, 257, 16
+    b, d, n = 2, 64, 16
     inputs = dict(
         u=torch.randn(b, d, length), delta=0.5 * torch.randn(b, d, length), A=-torch.rand(d, n) - 0.5,
         B=torch.randn(b, n, length), C=torch.randn(b, n, length), D=torch.randn(d), z=torch.randn(b, d, length),
@@ -74,8 +75,17 @@ def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype, rtol: float, ato
     # Against the unrounded float32 inputs, bf16's 2^-9 input rounding alone moves y past atol 5e-2 somewhere
     # among 2 x 64 x 4096 outputs (greatest relative difference 2.16 at L = 4096 on an H100).
     ref = {k: v.detach().float().requires_grad_() for k, v in low.items()}
-    y, impl = selective_scan(**low, delta_softplus=True, impl="mamba_ssm_cuda")
+    y, name = selective_scan(**low, delta_softplus=True, impl=impl)
     y_ref, _ = selective_scan(**ref, delta_softplus=True, impl="torch_stream")
+    return low, ref, name, y, y_ref
+
+
+@pytest.mark.skipif(resolve_scan_impl("auto", torch.device("cuda")) != "mamba_ssm_cuda",
+                    reason="mamba-ssm's CUDA kernel does not import here")
+@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float32, 6e-4, 2e-3), (torch.bfloat16, 3e-2, 5e-2)])
+def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype, rtol: float, atol: float) -> None:
+    """mamba-ssm's kernel against our scan at mamba's own test tolerances, forward and every gradient."""
+    low, ref, impl, y, y_ref = _scan_pair("mamba_ssm_cuda", dtype, 257)
     assert impl == "mamba_ssm_cuda"
     torch.testing.assert_close(y.float(), y_ref, rtol=rtol, atol=atol)
     grads = torch.autograd.grad(y.float().sum(), list(low.values()))
@@ -90,21 +100,7 @@ def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype, rtol: float, ato
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_matches_pure_scan(dtype: torch.dtype) -> None:
     """The Triton kernels against our scan at L=4096: fp32 within 1e-4 norm-wise, bf16 at mamba's tolerances."""
-    torch.manual_seed(0)
-    b, d, length, n = 2, 64, 4096, 16
-    inputs = dict(
-        u=torch.randn(b, d, length), delta=0.5 * torch.randn(b, d, length), A=-torch.rand(d, n) - 0.5,
-        B=torch.randn(b, n, length), C=torch.randn(b, n, length), D=torch.randn(d), z=torch.randn(b, d, length),
-        delta_bias=0.1 * torch.randn(d),
-    )
-    low = {k: (v.cuda().to(dtype) if k in ("u", "delta", "B", "C", "z") else v.cuda()).requires_grad_()
-           for k, v in inputs.items()}
-    # Like with like (as mamba-ssm's tests): the reference gets the same rounded values, upcast to float32.
-    # Against the unrounded float32 inputs, bf16's 2^-9 input rounding alone moves y past atol 5e-2 somewhere
-    # among 2 x 64 x 4096 outputs (greatest relative difference 2.16 at L = 4096 on an H100).
-    ref = {k: v.detach().float().requires_grad_() for k, v in low.items()}
-    y, impl = selective_scan(**low, delta_softplus=True, impl="triton")
-    y_ref, _ = selective_scan(**ref, delta_softplus=True, impl="torch_stream")
+    low, ref, impl, y, y_ref = _scan_pair("triton", dtype, 4096)
     assert impl == "triton" and y.dtype == dtype
     grads = torch.autograd.grad(y.float().sum(), list(low.values()))
     grads_ref = torch.autograd.grad(y_ref.sum(), list(ref.values()))
