@@ -77,12 +77,7 @@ def _pathfinder(
         params = pathfinder_params(img_size, variant)
     except ValueError as err:
         raise DatasetError(str(err)) from err
-    n_train = train_samples if train_samples is not None else PATHFINDER_DEFAULT_SAMPLES[0]
-    n_test = test_samples if test_samples is not None else PATHFINDER_DEFAULT_SAMPLES[1]
-    if n_train <= 0 or n_test <= 0 or seed < 0:
-        raise DatasetError(
-            f"pathfinder needs positive sample counts and a non-negative seed, got {n_train}, {n_test}, {seed}"
-        )
+    n_train, n_test = _sample_counts("pathfinder", train_samples, test_samples, PATHFINDER_DEFAULT_SAMPLES, seed)
     splits = []
     for split, n in ((0, n_train), (1, n_test)):
         data = load_pathfinder(n, img_size, variant=variant, seed=2 * seed + split, cache_dir=data_dir, workers=workers)
@@ -101,6 +96,16 @@ def _pathfinder(
     )
 
 
+def _sample_counts(task: str, train_samples: int | None, test_samples: int | None, defaults: tuple[int, int],
+                   seed: int) -> tuple[int, int]:
+    """The train and test sizes of a generated task (its defaults where not given), checked with the seed."""
+    n_train = train_samples if train_samples is not None else defaults[0]
+    n_test = test_samples if test_samples is not None else defaults[1]
+    if n_train <= 0 or n_test <= 0 or seed < 0:
+        raise DatasetError(f"{task} needs positive sample counts and a non-negative seed, got {n_train}, {n_test}, {seed}")
+    return n_train, n_test
+
+
 def _reach(
     *, img_size: int, patch_size: int | None, seed: int, train_samples: int | None, test_samples: int | None,
 ) -> DatasetBundle:
@@ -112,10 +117,7 @@ def _reach(
         params = reach_params(img_size, patch_size)
     except ValueError as err:
         raise DatasetError(str(err)) from err
-    n_train = train_samples if train_samples is not None else REACH_DEFAULT_SAMPLES[0]
-    n_test = test_samples if test_samples is not None else REACH_DEFAULT_SAMPLES[1]
-    if n_train <= 0 or n_test <= 0 or seed < 0:
-        raise DatasetError(f"reach needs positive sample counts and a non-negative seed, got {n_train}, {n_test}, {seed}")
+    n_train, n_test = _sample_counts("reach", train_samples, test_samples, REACH_DEFAULT_SAMPLES, seed)
     train_data, test_data = (generate_reach(params, n, seed=2 * seed + split)
                              for split, n in ((0, n_train), (1, n_test)))
     train_x = torch.from_numpy(train_data.images)[:, None]  # (N, 1, H, W)
