@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
-from ..train.datasets import DatasetError
+from ..train.datasets import DATASET_NAMES, DatasetError
 from .config import ConfigError, SweepConfig, config_from_dict, load_config, named_configs
 from .plan import Budget, Planner, budget_order, load_note, plan_lines
 from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
@@ -35,7 +35,7 @@ _FIELD_FLAGS = {
     "device": dict(choices=["cpu", "cuda"], help="where to run"),
     "dtype": dict(choices=["float32", "bfloat16", "float16"], help="inference dtype; training uses autocast to it"),
     "epochs": dict(type=int, help="training epochs per point; 0 measures cost only"),
-    "dataset": dict(help="data set to train on: pathfinder, pathfinder_scaled, cifar10, cifar100, npz, imagefolder"),
+    "dataset": dict(help=f"data set to train on: {', '.join(DATASET_NAMES)}"),
     "data_dir": dict(metavar="DIR", help="folder of cifar10/cifar100/imagefolder data"),
     "data_path": dict(metavar="FILE", help="the .npz file for --dataset npz"),
     "timeout_s": dict(type=float, metavar="S", help="per-point time limit, raised for a point whose predicted cost on "
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m experiments.sweep",
         allow_abbrev=False,  # a typo of one flag must not silently set another
         description=__doc__.split("\n\n")[0] + " With no arguments it runs the embedded default sweep "
-        "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, a short pathfinder training run) into "
+        "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, then a short reach training run with 3 seeds) into "
         "results/local/default/. Command-line flags override the chosen --config.",
         epilog="Fields not given on the command line come from the config file; see experiments/configs/.",
     )
