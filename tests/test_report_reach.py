@@ -11,6 +11,7 @@ import pytest
 
 from experiments.report.build import build_report, load_runs
 from experiments.report.erf import mass_radius
+from experiments.report.plots import percent_error_bars
 from experiments.report.reach import reach_summary, separations
 from experiments.report.stats import above_chance, seed_stats, t975
 from experiments.schema import COLUMNS, KEY_COLUMNS
@@ -110,3 +111,12 @@ def test_mass_radius() -> None:
     assert mass_radius(grad, 2, 0.5) < 1.5
     uniform = np.ones((8, 8))
     assert mass_radius(uniform, 2, 0.9) > mass_radius(uniform, 2, 0.5) > 0
+
+
+def test_error_bars_stop_at_0_and_100_percent_and_vanish_without_an_interval() -> None:
+    mean = pd.Series([80.0, 50.0, 70.0])
+    low = pd.Series([10.0, 45.0, math.nan])  # 3 seeds 97, 95, 50: the t interval passes 100%
+    high = pd.Series([150.0, 55.0, math.nan])
+    below, above = percent_error_bars(mean, low, high)
+    assert below.tolist() == [70.0, 5.0, 0.0]
+    assert above.tolist() == [20.0, 5.0, 0.0]

@@ -344,6 +344,17 @@ def _mixer_legend(fig: Figure, mixers: list[str], width_in: float, linestyles: b
                title_fontsize=8.5)
 
 
+def percent_error_bars(mean: pd.Series, low: pd.Series, high: pd.Series) -> list[pd.Series]:
+    """`yerr` for accuracy in %: the interval clipped to [0, 100], and none where there is no interval.
+
+    A 95% t interval from 3 seeds can pass 100% (a bimodal spread: some seeds learn, others do not); an axis
+    running to 140% would say nothing that the clipped bar and the tables, which keep the t bounds, do not.
+    """
+    below = (mean - low.clip(lower=0)).clip(lower=0).fillna(0)
+    above = (high.clip(upper=100) - mean).clip(lower=0).fillna(0)
+    return [below, above]
+
+
 def _mixer_handle(mixer: str, linestyle: str | tuple) -> Line2D:
     """A legend entry in the mixer's colour and marker."""
     style = mixer_style(mixer)

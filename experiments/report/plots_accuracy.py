@@ -22,7 +22,7 @@ from .stats import above_chance
 from .tables import accuracy_summary
 from .plots import (
     COST_LABELS, FIGURE_MARGIN, Facet, NiceLogLocator, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle,
-    _plain_labels, _save, facets, mixer_style,
+    _plain_labels, _save, facets, mixer_style, percent_error_bars,
 )
 
 
@@ -33,7 +33,7 @@ def accuracy_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     that have one; the costs are the cost point's (the median over every row of that configuration, as in the
     wall figures and the costs table). Front points are labelled "image/patch" when the points differ in size.
 
-    Error bars are the 95% t interval over seeds (none with one seed); the dotted line is chance, where known.
+    Error bars are the 95% t interval over seeds, clipped to [0, 100] (none with one seed); the dotted line is chance, where known.
 
     Returns:
         The paths written.
@@ -68,7 +68,7 @@ def _accuracy_figure(facet: Facet, points: pd.DataFrame, costs: list[str]) -> Fi
     handles = [_mixer_handle(m, linestyle="none") for m in sorted(set(points["mixer"]), key=mixer_rank)]
     front = "Pareto front, points above chance" + ("" if one_size else " (image/patch px)")
     handles.append(Line2D([], [], color="0.25", linestyle="--", linewidth=0.9, label=front))
-    handles.append(Line2D([], [], color="0.25", marker="|", linestyle="none", label="95% CI over seeds"))
+    handles.append(Line2D([], [], color="0.25", marker="|", linestyle="none", label="95% CI over seeds (clipped to 0-100%)"))
     if math.isfinite(level):
         handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=1.6,
@@ -98,8 +98,8 @@ def _draw_accuracy_panel(ax: Axes, points: pd.DataFrame, cost: str, label_front:
         style = mixer_style(mixer)
         ax.scatter(group[cost], group["accuracy"], color=style.color, marker=style.marker, s=30, zorder=3,
                    edgecolors="white", linewidths=0.5)
-        half = (group["accuracy_ci_high"] - group["accuracy_ci_low"]) / 2
-        ax.errorbar(group[cost], group["accuracy"], yerr=half.where(half.notna(), 0), fmt="none",
+        yerr = percent_error_bars(group["accuracy"], group["accuracy_ci_low"], group["accuracy_ci_high"])
+        ax.errorbar(group[cost], group["accuracy"], yerr=yerr, fmt="none",
                     ecolor=style.color, elinewidth=0.9, capsize=2, zorder=2.5)
     level = points["chance"].iloc[0] if len(points) else math.nan
     if math.isfinite(level):

@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, mixer_rank
-from .plots import FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, facets, mixer_style
+from .plots import (FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, facets, mixer_style,
+                    percent_error_bars)
 from .stats import chance, seed_stats
 from .tables import MISSING, sort_rows
 
@@ -160,8 +161,8 @@ def _reach_figure(rows: pd.DataFrame, title: str) -> Figure:
         for mixer in mixers:
             line = rows[(rows["direction"] == direction) & (rows["mixer"] == mixer)].sort_values("distance")
             style = mixer_style(mixer)
-            half = ((line["ci_high"] - line["ci_low"]) / 2).fillna(0)
-            ax.errorbar(line["distance"], line["accuracy"], yerr=half, color=style.color, marker=style.marker,
+            yerr = percent_error_bars(line["accuracy"], line["ci_low"], line["ci_high"])
+            ax.errorbar(line["distance"], line["accuracy"], yerr=yerr, color=style.color, marker=style.marker,
                         linestyle=style.linestyle, markersize=4, linewidth=1.1, capsize=2, elinewidth=0.8)
         if math.isfinite(level):
             ax.axhline(level, color="0.5", linestyle=":", linewidth=0.9)
@@ -170,7 +171,7 @@ def _reach_figure(rows: pd.DataFrame, title: str) -> Figure:
         ax.set_xticks(sorted(rows["distance"].unique()))
     axes[0].set_ylabel("Top-1 accuracy (%)")
     seeds = int(rows["seeds"].min())
-    fig.suptitle(f"{title} · mean and 95% CI over {seeds} seed{'s' * (seeds != 1)}".strip(" ·"), fontsize=8.5)
+    fig.suptitle(f"{title} · mean and 95% CI over {seeds} seed{'s' * (seeds != 1)}, clipped to 0-100%".strip(" ·"), fontsize=8.5)
     handles = [_mixer_handle(m, linestyle=mixer_style(m).linestyle) for m in mixers]
     if math.isfinite(level):
         handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
