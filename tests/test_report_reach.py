@@ -105,6 +105,21 @@ def test_report_draws_reach_erf_and_spread(sweep: Path) -> None:
     assert "## Reach: does any distance" in summary and "attention" in summary and "figures/erf.png" in summary
 
 
+def test_headline_carries_accuracy_with_spread_params_and_cost(sweep: Path) -> None:
+    from experiments.report.build import write_headline
+
+    build_report(sweep)
+    readme = sweep.parent / "README.md"
+    readme.write_text("before\n<!-- headline:start -->old<!-- headline:end -->\nafter\n")
+    write_headline(readme, sweep)
+    text = readme.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+    for column in ("Top-1 acc. (%, mean ± s.d.)", "95% CI (%)", "| n |", "Params (M)", "GMACs / img"):
+        assert column in text, column
+    assert all(f"| {mixer} |" in text for mixer in MIXERS)
+    assert "figures/accuracy_cost_reach.png)" in text
+
+
 def test_mass_radius() -> None:
     grad = np.zeros((8, 8))
     grad[3:5, 3:5] = 1  # the centre token of a 4 x 4 grid of 2 px patches is the patch at rows/cols 4-5

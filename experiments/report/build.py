@@ -504,7 +504,29 @@ def write_headline(readme: Path, sweep_dir: Path, section: str = "") -> None:
         "Crossovers (where each mixer becomes cheaper than the reference):",
         "",
         report_tables.to_markdown(crossovers) if not crossovers.empty else "(none)",
+        *_headline_accuracy(runs, sweep_dir, base),
         end_marker,
     ]
     start, end = text.index(start_marker), text.index(end_marker) + len(end_marker)
     readme.write_text(text[:start] + "\n".join(lines) + text[end:], encoding="utf-8")
+
+
+# The accuracy columns a headline keeps: what was learnt, how sure, and at what size and cost.
+_HEADLINE_ACCURACY = ("Mixer", "Dataset", "Overrides", "Image (px)", "Patch (px)", "Top-1 acc. (%, mean ± s.d.)", "95% CI (%)",
+                      "n", "Chance (%)", "Params (M)", "GMACs / img")
+
+
+def _headline_accuracy(runs: pd.DataFrame, sweep_dir: Path, base: Path) -> list[str]:
+    """The headline's accuracy half, when the sweep trained: the accuracy-cost figure and a compact table."""
+    display = report_tables.accuracy_tables(runs)[1]
+    if display.empty:
+        return []
+    figures = sorted((sweep_dir / FIGURES_DIR).glob("accuracy_cost*.png"))
+    return [
+        "",
+        "Accuracy (mean ± s.d. and 95% t interval over seeds), beside parameters and cost:",
+        "",
+        *(f"![{f.stem}]({f.resolve().relative_to(base).as_posix()})" for f in figures[:1]),
+        "",
+        report_tables.to_markdown(display[[c for c in _HEADLINE_ACCURACY if c in display]]),
+    ]
