@@ -144,25 +144,36 @@ def reach_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     if summary.empty:
         return []
     keys = [k for k in accuracy_facet_keys(runs) if k in summary and k != "overrides"]
+    buckets = bucket_rows(runs)
+    group = _group_keys(buckets)
     paths = []
     for facet in facets(summary, keys, context=("epochs",)):
-        paths += _save(_reach_figure(facet.rows, facet.title), out_dir / f"reach{facet.suffix}")
+        per_seed = buckets.merge(facet.rows[group].drop_duplicates(), on=group)  # this facet's runs, a dot each
+        paths += _save(_reach_figure(facet.rows, per_seed, facet.title), out_dir / f"reach{facet.suffix}")
     return paths
 
 
-def _reach_figure(rows: pd.DataFrame, title: str) -> Figure:
+def _reach_figure(rows: pd.DataFrame, per_seed: pd.DataFrame, title: str) -> Figure:
+    """Means with clipped 95% intervals, and each seed as a faint dot: with 3 seeds a bimodal spread (some seeds
+    learn, others stay at chance) reads off the dots, not off an interval. Mixers are dodged along x."""
     directions = sorted(rows["direction"].unique(), key=lambda d: (DIRECTION_ORDER + (d,)).index(d))
     width = (PANEL_WIDTH + 0.1) * len(directions) + FIGURE_MARGIN
     fig = Figure(figsize=(width, PANEL_HEIGHT + 0.8), layout="constrained")
     axes = fig.subplots(1, len(directions), squeeze=False, sharey=True)[0]
     mixers = sorted(rows["mixer"].unique(), key=mixer_rank)
     level = rows["chance"].iloc[0]
+    distances = sorted(rows["distance"].unique())
+    step = min((b - a for a, b in zip(distances, distances[1:])), default=1)
     for ax, direction in zip(axes, directions):
-        for mixer in mixers:
+        for i, mixer in enumerate(mixers):
             line = rows[(rows["direction"] == direction) & (rows["mixer"] == mixer)].sort_values("distance")
             style = mixer_style(mixer)
+            dodge = (i - (len(mixers) - 1) / 2) * 0.5 * step / max(len(mixers), 1)
+            dots = per_seed[(per_seed["direction"] == direction) & (per_seed["mixer"] == mixer)]
+            ax.scatter(dots["distance"] + dodge, dots["bucket_accuracy"], color=style.color, marker=style.marker,
+                       s=14, alpha=0.55, linewidths=0, zorder=1.5)
             yerr = percent_error_bars(line["accuracy"], line["ci_low"], line["ci_high"])
-            ax.errorbar(line["distance"], line["accuracy"], yerr=yerr, color=style.color, marker=style.marker,
+            ax.errorbar(line["distance"] + dodge, line["accuracy"], yerr=yerr, color=style.color, marker=style.marker,
                         linestyle=style.linestyle, markersize=4, linewidth=1.1, capsize=2, elinewidth=0.8)
         if math.isfinite(level):
             ax.axhline(level, color="0.5", linestyle=":", linewidth=0.9)
@@ -171,7 +182,7 @@ def _reach_figure(rows: pd.DataFrame, title: str) -> Figure:
         ax.set_xticks(sorted(rows["distance"].unique()))
     axes[0].set_ylabel("Top-1 accuracy (%)")
     seeds = int(rows["seeds"].min())
-    fig.suptitle(f"{title} · mean and 95% CI over {seeds} seed{'s' * (seeds != 1)}, clipped to 0-100%".strip(" ·"), fontsize=8.5)
+    fig.suptitle(f"{title} · mean and 95% CI (clipped to 0-100%) over {seeds} seed{'s' * (seeds != 1)}, dots: seeds".strip(" ·"), fontsize=8.5)
     handles = [_mixer_handle(m, linestyle=mixer_style(m).linestyle) for m in mixers]
     if math.isfinite(level):
         handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
