@@ -522,8 +522,7 @@ def _headline_accuracy(runs: pd.DataFrame, sweep_dir: Path, base: Path) -> list[
     if display.empty:
         return []
     figures = sorted((sweep_dir / FIGURES_DIR).glob("accuracy_cost*.png"))
-    return [
-        "",
+    return [  # the crossover table above ends in a newline
         "Accuracy (mean ± s.d. and 95% t interval over seeds), beside parameters and cost:",
         "",
         *(f"![{f.stem}]({f.resolve().relative_to(base).as_posix()})" for f in figures[:1]),
