@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                                      allow_abbrev=False)  # a typo of one flag must not silently set another
     parser.add_argument("sweep_dir", type=Path, help="the sweep folder holding runs.csv, e.g. results/default")
     parser.add_argument("--readme", type=Path, default=None, metavar="README.md",
-                        help="also write this sweep's headline (wall figure, exponents, crossovers, and accuracy when it "
-                        "trained) between the headline markers of this Markdown file")
+                        help="also write this sweep's headline (wall figure, exponents, crossovers, and accuracy "
+                        "when it trained) between the headline markers of this Markdown file")
     parser.add_argument("--headline", default="", metavar="NAME",
                         help="with --readme: write between <!-- headline:NAME:start/end --> instead of the default "
                         "markers (the README keeps a CPU and a GPU headline)")

@@ -512,8 +512,8 @@ def write_headline(readme: Path, sweep_dir: Path, section: str = "") -> None:
 
 
 # The accuracy columns a headline keeps: what was learnt, how sure, and at what size and cost.
-_HEADLINE_ACCURACY = ("Mixer", "Dataset", "Overrides", "Image (px)", "Patch (px)", "Top-1 acc. (%, mean ± s.d.)", "95% CI (%)",
-                      "n", "Chance (%)", "Params (M)", "GMACs / img")
+_HEADLINE_ACCURACY = ("Mixer", "Dataset", "Overrides", "Image (px)", "Patch (px)", "Top-1 acc. (%, mean ± s.d.)",
+                      "95% CI (%)", "n", "Chance (%)", "Params (M)", "GMACs / img")
 
 
 def _headline_accuracy(runs: pd.DataFrame, sweep_dir: Path, base: Path) -> list[str]:

@@ -33,7 +33,8 @@ def accuracy_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     that have one; the costs are the cost point's (the median over every row of that configuration, as in the
     wall figures and the costs table). Front points are labelled "image/patch" when the points differ in size.
 
-    Error bars are the 95% t interval over seeds, clipped to [0, 100] (none with one seed); the dotted line is chance, where known.
+    Error bars are the 95% t interval over seeds, clipped to [0, 100] (none with one seed); the dotted line is
+    chance, where known.
 
     Returns:
         The paths written.
@@ -68,7 +69,8 @@ def _accuracy_figure(facet: Facet, points: pd.DataFrame, costs: list[str]) -> Fi
     handles = [_mixer_handle(m, linestyle="none") for m in sorted(set(points["mixer"]), key=mixer_rank)]
     front = "Pareto front, points above chance" + ("" if one_size else " (image/patch px)")
     handles.append(Line2D([], [], color="0.25", linestyle="--", linewidth=0.9, label=front))
-    handles.append(Line2D([], [], color="0.25", marker="|", linestyle="none", label="95% CI over seeds (clipped to 0-100%)"))
+    handles.append(Line2D([], [], color="0.25", marker="|", linestyle="none",
+                          label="95% CI over seeds (clipped to 0-100%)"))
     if math.isfinite(level):
         handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=1.6,

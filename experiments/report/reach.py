@@ -15,8 +15,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, mixer_rank
-from .plots import (FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, facets, mixer_style,
-                    percent_error_bars)
+from .plots import (
+    FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, facets, mixer_style,
+    percent_error_bars,
+)
 from .stats import chance, seed_stats
 from .tables import MISSING, sort_rows
 
@@ -182,7 +184,8 @@ def _reach_figure(rows: pd.DataFrame, per_seed: pd.DataFrame, title: str) -> Fig
         ax.set_xticks(sorted(rows["distance"].unique()))
     axes[0].set_ylabel("Top-1 accuracy (%)")
     seeds = int(rows["seeds"].min())
-    fig.suptitle(f"{title} · mean and 95% CI (clipped to 0-100%) over {seeds} seed{'s' * (seeds != 1)}, dots: seeds".strip(" ·"), fontsize=8.5)
+    caption = f"mean and 95% CI (clipped to 0-100%) over {seeds} seed{'s' * (seeds != 1)}, dots: seeds"
+    fig.suptitle(f"{title} · {caption}".strip(" ·"), fontsize=8.5)
     handles = [_mixer_handle(m, linestyle=mixer_style(m).linestyle) for m in mixers]
     if math.isfinite(level):
         handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))

@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m experiments.sweep",
         allow_abbrev=False,  # a typo of one flag must not silently set another
         description=__doc__.split("\n\n")[0] + " With no arguments it runs the embedded default sweep "
-        "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, then a short reach training run with 3 seeds) into "
-        "results/local/default/. Command-line flags override the chosen --config.",
+        "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, then a short reach training run with 3 "
+        "seeds) into results/local/default/. Command-line flags override the chosen --config.",
         epilog="Fields not given on the command line come from the config file; see experiments/configs/.",
     )
     parser.add_argument("--config", default="default", metavar="NAME|PATH",
