@@ -17,27 +17,14 @@ from experiments.sweep.__main__ import main
 from experiments.sweep.out_dir import SweepLock
 from experiments.sweep.runs_file import append_row, read_rows
 
-TINY = """
-name = "tiny"
-mixers = ["linear"]
-presets = ["micro"]
-img_sizes = [16, 32]
-patch_sizes = [8]
-measure_train_step = false
-timeout_s = 120
-overrides = {"*" = {depth = 1}}
+import tiny_sweep
+from tiny_sweep import tiny_config
 
-[timing]
-warmup = 0
-min_repeats = 1
-min_time_s = 0.0
-"""
+TINY = tiny_config(["linear"], [16, 32])
 
 
 def write_config(tmp_path: Path, text: str = TINY) -> Path:
-    path = tmp_path / "tiny.toml"
-    path.write_text(text)
-    return path
+    return tiny_sweep.write_config(tmp_path, text)
 
 
 def one_line_error(capsys, *fragments: str) -> str:

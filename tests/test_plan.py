@@ -18,23 +18,11 @@ from experiments.sweep.costmodel import nonnegative_fit
 from experiments.sweep.plan import Budget, Prediction, bisection_ranks, budget_order, protocol_seconds
 from experiments.sweep.runs_file import append_row, latest_by_key, read_rows
 
+from tiny_sweep import tiny_config
+
 REPO = Path(__file__).resolve().parent.parent
 
-TINY = """
-name = "tiny"
-mixers = ["attention", "linear"]
-presets = ["micro"]
-img_sizes = [16, 32, 48, 64, 96]
-patch_sizes = [8]
-measure_train_step = false
-timeout_s = 120
-overrides = {"*" = {depth = 1}}
-
-[timing]
-warmup = 0
-min_repeats = 1
-min_time_s = 0.0
-"""
+TINY = tiny_config(["attention", "linear"], [16, 32, 48, 64, 96])
 
 
 def test_nonnegative_fit_recovers_rates() -> None:

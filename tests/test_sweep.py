@@ -15,29 +15,16 @@ from experiments.sweep.runs_file import append_row, read_rows
 from experiments.schema import COLUMNS
 from experiments.sweep.__main__ import main
 
+import tiny_sweep
+from tiny_sweep import tiny_config
+
 REPO = Path(__file__).resolve().parent.parent
 
-TINY = """
-name = "tiny"
-mixers = ["attention", "linear"]
-presets = ["micro"]
-img_sizes = [16, 32]
-patch_sizes = [8]
-measure_train_step = false
-timeout_s = 120
-overrides = {"*" = {depth = 1}}
-
-[timing]
-warmup = 0
-min_repeats = 1
-min_time_s = 0.0
-"""
+TINY = tiny_config(["attention", "linear"], [16, 32])
 
 
 def write_config(tmp_path: Path, text: str = TINY) -> Path:
-    path = tmp_path / "tiny.toml"
-    path.write_text(text)
-    return path
+    return tiny_sweep.write_config(tmp_path, text)
 
 
 def rows_of(out: Path) -> list[dict[str, str]]:
