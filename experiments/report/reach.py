@@ -45,7 +45,11 @@ def _group_keys(buckets: pd.DataFrame) -> list[str]:
 
 def reach_summary(runs: pd.DataFrame) -> pd.DataFrame:
     """Per mixer, setting and bucket: mean, s.d., 95% t interval (in %) and n over seeds, with chance."""
-    buckets = bucket_rows(runs)
+    return _summarise(bucket_rows(runs))
+
+
+def _summarise(buckets: pd.DataFrame) -> pd.DataFrame:
+    """`reach_summary` of rows already split into buckets (`bucket_rows`)."""
     if buckets.empty:
         return pd.DataFrame()
     records = []
@@ -142,11 +146,11 @@ def reach_summary_lines(runs: pd.DataFrame) -> list[str]:
 
 def reach_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Accuracy against distance: a panel per direction, a line per mixer, 95% intervals as error bars."""
-    summary = reach_summary(runs)
+    buckets = bucket_rows(runs)
+    summary = _summarise(buckets)
     if summary.empty:
         return []
     keys = [k for k in accuracy_facet_keys(runs) if k in summary and k != "overrides"]
-    buckets = bucket_rows(runs)
     group = _group_keys(buckets)
     paths = []
     for facet in facets(summary, keys, context=("epochs",)):
