@@ -94,3 +94,8 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
 )
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout", "skipped", "diverged")
+
+# What the effective receptive field maps in <sweep>/erf/*.npz measure (experiments/train/erf.py writes it, the
+# report draws only maps of this method). Files without the field took the sum of the centre token after the
+# final LayerNorm, which is identically zero at initialisation: their maps are round-off.
+ERF_METHOD = "relu_sum_before_final_norm"

@@ -105,6 +105,21 @@ def test_report_draws_reach_erf_and_spread(sweep: Path) -> None:
     assert "## Reach: does any distance" in summary and "attention" in summary and "figures/erf.png" in summary
 
 
+def test_maps_of_an_earlier_method_are_left_out_with_a_reason(sweep: Path) -> None:
+    runs = reach_runs()
+    swin = [f for f in (sweep / "erf").glob("*.npz") if json.loads(str(np.load(f)["key"]))["mixer"] == "swin"]
+    for path in swin:  # as an earlier save_erf wrote them: no method field
+        with np.load(path) as f:
+            fields = {name: f[name] for name in f.files if name != "method"}
+        np.savez(path, **fields)
+    build_report(sweep)
+    erf = pd.read_csv(sweep / "tables" / "erf.csv")
+    assert set(erf["mixer"]) == set(MIXERS) - {"swin"}
+    summary = (sweep / "summary.md").read_text()
+    assert f"{len(swin)} map file(s) in erf/ were computed by an earlier method" in summary
+    assert len(swin) == (runs["mixer"] == "swin").sum()
+
+
 def test_headline_carries_accuracy_with_spread_params_and_cost(sweep: Path) -> None:
     from experiments.report.build import write_headline
 

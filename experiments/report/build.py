@@ -23,7 +23,7 @@ from ..runs_csv import OPTIONAL_KEYS, RunsFileError, read_table
 from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
 from . import tables as report_tables
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
-from .erf import erf_figures, erf_tables, load_maps
+from .erf import erf_figures, erf_tables, load_maps, outdated_maps_line
 from .plots_accuracy import accuracy_figures
 from .reach import reach_figures, reach_summary_lines, reach_tables, separation_tables
 from .plots_cost import patch_figures, wall_figures
@@ -160,6 +160,7 @@ def build_report(sweep_dir: Path) -> list[Path]:
         if not planner.empty:
             text += "\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner)
         reach_lines = report_tables.parameter_lines(runs) + reach_summary_lines(runs)
+        reach_lines += [line for line in [outdated_maps_line(sweep_dir, runs)] if line]
         if reach_lines:
             text += "\n" + "\n".join(reach_lines)
         (staging / "summary.md").write_text(text, encoding="utf-8")

@@ -3,7 +3,8 @@ after training) and the radii holding 50% and 90% of each map's gradient mass.
 
 Reads `<sweep>/erf/<key hash>.npz` (written by training points with `erf = true`, experiments/train/erf.py) with
 numpy alone; a file counts only when its key matches an ok row of runs.csv, so maps of points since removed or
-rerun under another setting are ignored. Seeds are averaged: each map is normalised to sum 1 first.
+rerun under another setting are ignored, and so are maps of an earlier method (`schema.ERF_METHOD`; the summary
+says how many). Seeds are averaged: each map is normalised to sum 1 first.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from ..schema import KEY_COLUMNS
+from ..schema import ERF_METHOD, KEY_COLUMNS
 from .crossover import mixer_rank
 from .plots import _save, facets
 from .stats import seed_stats
@@ -45,22 +46,11 @@ def mass_radius(grad_map: np.ndarray, patch_size: int, fraction: float) -> float
 
 
 def load_maps(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (ok point, stage) with a saved map: the key columns, `stage` and `map` (normalised to sum 1)."""
-    folder = sweep_dir / ERF_DIR
-    if not folder.is_dir():
-        return pd.DataFrame()
-    ok = runs[runs["status"] == "ok"]
-    known = {tuple(_key_text(row[c]) for c in KEY_COLUMNS) for _, row in ok.iterrows()}
+    """One row per (ok point, stage) with a saved map of the current method: the key columns, `stage` and `map`
+    (normalised to sum 1)."""
     records = []
-    for path in sorted(folder.glob("*.npz")):
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                key = json.loads(str(f["key"]))
-                maps = {stage: f[stage].astype(np.float64) for stage in STAGES if stage in f.files}
-                patch = int(f["patch_size"])
-        except (OSError, KeyError, ValueError):
-            continue  # a foreign or truncated file: not ours to report
-        if tuple(_key_text(key.get(c, "")) for c in KEY_COLUMNS) not in known:
+    for key, maps, patch, method in _map_files(sweep_dir, runs):
+        if method != ERF_METHOD:
             continue
         for stage, grad_map in maps.items():
             total = grad_map.sum()
@@ -68,6 +58,38 @@ def load_maps(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
                 records.append({**{c: key.get(c) for c in KEY_COLUMNS}, "patch": patch, "stage": stage,
                                 "map": grad_map / total})
     return pd.DataFrame.from_records(records)
+
+
+def outdated_maps_line(sweep_dir: Path, runs: pd.DataFrame) -> str:
+    """A summary line saying how many maps of ok points were left out for an earlier method, or ""."""
+    outdated = sum(method != ERF_METHOD for *_, method in _map_files(sweep_dir, runs))
+    if not outdated:
+        return ""
+    return (f"- effective receptive fields: {outdated} map file(s) in {ERF_DIR}/ were computed by an earlier method "
+            "(the sum of the centre token after the final LayerNorm, which is zero at initialisation, so those "
+            "maps show float32 round-off) and are not shown; rerun the training points to regenerate them")
+
+
+def _map_files(sweep_dir: Path, runs: pd.DataFrame) -> list[tuple[dict, dict[str, np.ndarray], int, str]]:
+    """(key, maps by stage, patch size, method) of each readable map file whose key is an ok row of `runs`."""
+    folder = sweep_dir / ERF_DIR
+    if not folder.is_dir():
+        return []
+    ok = runs[runs["status"] == "ok"]
+    known = {tuple(_key_text(row[c]) for c in KEY_COLUMNS) for _, row in ok.iterrows()}
+    found = []
+    for path in sorted(folder.glob("*.npz")):
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                key = json.loads(str(f["key"]))
+                maps = {stage: f[stage].astype(np.float64) for stage in STAGES if stage in f.files}
+                patch = int(f["patch_size"])
+                method = str(f["method"]) if "method" in f.files else ""
+        except (OSError, KeyError, ValueError):
+            continue  # a foreign or truncated file: not ours to report
+        if tuple(_key_text(key.get(c, "")) for c in KEY_COLUMNS) in known:
+            found.append((key, maps, patch, method))
+    return found
 
 
 def _key_text(value: object) -> str:

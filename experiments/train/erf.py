@@ -6,8 +6,12 @@ at the centre of the grid. At initialisation it shows what the architecture lets
 what it learnt to look at. Radii holding 50% and 90% of the map's mass summarise it in one number each (computed
 by the report from the saved maps, `experiments.report.erf`).
 
+The token is read *before* the final LayerNorm and its features enter as a ReLU'd sum (``METHOD``); see
+`erf_map` for why. Maps saved by an earlier method are not comparable and the report leaves them out.
+
 Saved per point as an .npz named by the point key's hash, beside runs.csv (``<sweep>/erf/<hash>.npz``), holding
-``init`` and ``trained`` (H, W) float32 maps, the point's key columns as JSON (``key``), and ``patch_size``.
+``init`` and ``trained`` (H, W) float32 maps, the point's key columns as JSON (``key``), ``patch_size`` and
+``method``.
 """
 from __future__ import annotations
 
@@ -19,11 +23,23 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["erf_map", "save_erf"]
+from ..schema import ERF_METHOD as METHOD
+
+__all__ = ["METHOD", "erf_map", "save_erf"]
 
 
 def erf_map(model: nn.Module, images: Tensor, *, blocks: int | None = None) -> np.ndarray:
     """The effective receptive field of the centre token of `model`'s output grid.
+
+    The scalar differentiated is ``relu(t).sum()`` over the features of the centre token ``t`` taken from the
+    residual stream *before* the final LayerNorm, as RepLKNet and VMamba's ERF analyses do. Two choices, both
+    forced by what the alternatives measure:
+
+    - Before the final norm: the features of a LayerNorm output with gain 1 and bias 0 sum to exactly zero for
+      any input, so the gradient of their sum is identically zero at initialisation (the map is float32
+      round-off, and its sign of zero differs between CPUs). The residual stream carries no such constraint.
+    - A ReLU'd sum: a plain sum lets features of opposite sign cancel their gradients; keeping the active
+      features measures how much each pixel moves what the token expresses, without C backward passes.
 
     The model is put in eval mode and its weights are left untouched (the gradient is taken with respect to the
     input alone, so no parameter's `.grad` changes).
@@ -31,12 +47,12 @@ def erf_map(model: nn.Module, images: Tensor, *, blocks: int | None = None) -> n
     Args:
         model: a `models.ViT`.
         images: (B, C, H, W) task images, normalised as in training.
-        blocks: use the tokens after this many blocks (before the final norm); None: the whole backbone's
-            output tokens (after the final norm). `blocks=1` shows one mixer's own reach.
+        blocks: use the tokens after this many blocks; None: after every block. `blocks=1` shows one mixer's
+            own reach.
 
     Returns:
-        (H, W) float32 map: |d centre token / d pixel|, summed over channels and the token's features, averaged
-        over the batch. Its sum is not normalised.
+        (H, W) float32 map: |d relu-sum of the centre token / d pixel|, summed over channels, averaged over the
+        batch. Its sum is not normalised.
     """
     was_training = model.training
     model.eval()
@@ -45,13 +61,9 @@ def erf_map(model: nn.Module, images: Tensor, *, blocks: int | None = None) -> n
     depth = len(model.blocks) if blocks is None else blocks
     for block in model.blocks[:depth]:
         tokens = block(tokens, model.grid)
-    if blocks is None:
-        tokens = model.norm(tokens)
     grid_h, grid_w = model.grid
     centre = (grid_h // 2) * grid_w + grid_w // 2
-    # Summing a token's features before the gradient lets opposite-signed features cancel; summing |grad| per
-    # feature would need C backward passes. RepLKNet sums the (relu'd) centre features too.
-    (grad,) = torch.autograd.grad(tokens[:, centre].sum(), x)
+    (grad,) = torch.autograd.grad(torch.relu(tokens[:, centre]).sum(), x)
     model.train(was_training)
     return grad.abs().sum(1).mean(0).float().cpu().numpy()  # (H, W)
 
@@ -62,5 +74,6 @@ def save_erf(path: Path, maps: dict[str, np.ndarray], key: dict[str, object], pa
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as handle:  # a file object keeps np.savez from appending a second .npz
         np.savez(handle, key=np.array(json.dumps(key, sort_keys=True)), patch_size=np.array(patch_size),
+                 method=np.array(METHOD),
                  **{name: value.astype(np.float32) for name, value in maps.items()})
     os.replace(tmp, path)
