@@ -6,6 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import mixers
+from margins import clearly_non_zero, largest
 from mixers import TokenMixer, create_mixer, list_mixers, register_mixer
 
 DIM, HEADS = 32, 2
@@ -41,12 +42,13 @@ def test_float64_kept(name: str) -> None:
 @pytest.mark.parametrize("name", list_mixers())
 @pytest.mark.parametrize("layer_idx", [0, 1])
 def test_gradient_reaches_every_parameter(name: str, layer_idx: int) -> None:
-    mixer = build(name, layer_idx).train()
-    x = torch.randn(2, 5 * 13, DIM, requires_grad=True)
+    mixer = build(name, layer_idx).double().train()
+    x = torch.randn(2, 5 * 13, DIM, dtype=torch.float64, requires_grad=True)
     mixer(x, (5, 13)).square().sum().backward()
-    assert x.grad is not None and x.grad.abs().sum() > 0
-    for pname, p in mixer.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}: no gradient reaches {pname}"
+    grads = {"input": x.grad, **{pname: p.grad for pname, p in mixer.named_parameters()}}
+    assert all(g is not None for g in grads.values()), [k for k, g in grads.items() if g is None]
+    scale = largest(list(grads.values()))
+    assert not [k for k, g in grads.items() if not clearly_non_zero(g, scale)], f"{name}: no gradient reaches them"
 
 
 @pytest.mark.parametrize("name", list_mixers())

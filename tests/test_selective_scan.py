@@ -137,8 +137,13 @@ def test_half_precision_accumulates_in_float32(impl: str, dtype: torch.dtype) ->
     assert y.dtype == dtype
     assert rel_err(y, selective_scan_reference(**inputs)) < 1e-2
     y.float().square().sum().backward()
-    for name, leaf in leaves.items():
-        assert leaf.grad is not None and leaf.grad.dtype == dtype and torch.isfinite(leaf.grad).all(), name
+    # The float64 reference on the same (rounded) inputs, with the same upstream gradient d(sum y^2)/dy = 2y.
+    exact = {k: inputs[k].double().requires_grad_() for k in leaves}
+    y_exact = selective_scan_reference(**{**inputs, **exact})
+    grads_exact = torch.autograd.grad(y_exact, list(exact.values()), 2 * y.detach().double())
+    for (name, leaf), g_exact in zip(leaves.items(), grads_exact):
+        assert leaf.grad is not None and leaf.grad.dtype == dtype, name
+        assert rel_err(leaf.grad, g_exact) < 2e-2, name  # bf16 output rounding alone is ~4e-3
 
 
 def test_opcheck() -> None:
