@@ -12,8 +12,15 @@ import pytest
 from experiments.report.__main__ import main as report_main
 from experiments.report.build import build_report
 from experiments.report.manifest import MANIFEST_NAME, read_manifest
+from experiments.runs_csv import RunsFileError
+from experiments.sweep.__main__ import main as sweep_main
+from experiments.sweep.out_dir import LOCK_NAME, OutDirError, check_out_dir
 from experiments.sweep.runs_file import append_row
 
+import tiny_sweep
+from tiny_sweep import tiny_config
+
+TINY = tiny_config(["linear"], [16, 32])
 USER_FILES = {"tables/results_2023.csv": b"year,score\n2023,1\n", "figures/fig1.png": b"\x89PNG my figure"}
 
 
@@ -123,3 +130,64 @@ def test_report_refuses_symlinks(tmp_path: Path, capsys, name: str) -> None:
     assert report_main([str(sweep)]) == 2
     one_line_error(capsys, str(sweep / name), "symbolic link")
     assert unchanged(target_files) and theirs.read_bytes() == b"theirs"
+
+
+# --- the sweep refuses a folder that is not a sweep's, and links ------------------------------------------------
+
+def test_sweep_refuses_a_folder_that_is_not_a_sweeps(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "old"
+    user = plant_user_files(out, summary=b"# My notes\n")
+    args = ["--config", str(tiny_sweep.write_config(tmp_path, TINY)), "--out", str(out), "--quiet"]
+    assert sweep_main(args) == 2
+    one_line_error(capsys, f"--out {out} holds files but no runs.csv", "--reuse-out")
+    assert unchanged(user) and sorted(p.name for p in out.iterdir()) == ["figures", "summary.md", "tables"]
+    # Reused, its summary.md is still not the report's to overwrite: refused before any point runs.
+    assert sweep_main([*args, "--reuse-out"]) == 2
+    one_line_error(capsys, str(out / "summary.md"), "not written by the report")
+    assert unchanged(user) and not (out / "runs.csv").exists()
+
+
+def test_reused_folder_keeps_the_users_files(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "old"
+    user = plant_user_files(out)
+    args = ["--config", str(tiny_sweep.write_config(tmp_path, TINY)), "--out", str(out), "--quiet", "--reuse-out"]
+    assert sweep_main(args) == 0
+    assert unchanged(user)
+    assert (out / "runs.csv").is_file() and (out / "tables" / "costs.csv").is_file()
+    assert sweep_main(args[:-1]) == 0  # a sweep's folder now: a rerun needs no flag
+
+
+def test_folder_left_by_a_killed_sweep_counts_as_empty(tmp_path: Path) -> None:
+    (tmp_path / LOCK_NAME).write_text("")
+    (tmp_path / MANIFEST_NAME).write_text("{}")
+    (tmp_path / "checkpoints" / "0123456789abcdef").mkdir(parents=True)  # a training point killed before its row
+    check_out_dir(tmp_path)
+    (tmp_path / "checkpoints" / "my_model.pt").write_bytes(b"")  # not a point's: someone else's checkpoints
+    with pytest.raises(OutDirError, match="checkpoints"):
+        check_out_dir(tmp_path)
+    check_out_dir(tmp_path, reuse=True)
+
+
+def test_a_repository_is_not_an_empty_folder(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()  # `--out .` in a checkout
+    with pytest.raises(OutDirError, match=r"\.git.*--reuse-out"):
+        check_out_dir(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["runs.csv", "tables", "figures", "summary.md"])
+def test_sweep_refuses_dangling_symlinks(tmp_path: Path, capsys, name: str) -> None:
+    out, target = tmp_path / "out", tmp_path / "elsewhere" / name
+    out.mkdir()
+    (out / name).symlink_to(target)  # dangling: following it would create the target
+    args = ["--config", str(tiny_sweep.write_config(tmp_path, TINY)), "--out", str(out), "--quiet", "--reuse-out"]
+    assert sweep_main(args) == 2
+    one_line_error(capsys, str(out / name), "symbolic link")
+    assert not target.parent.exists() and [p.name for p in out.iterdir()] == [name]
+
+
+def test_rows_are_never_appended_through_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.csv"
+    (tmp_path / "runs.csv").symlink_to(target)
+    with pytest.raises(RunsFileError, match="symbolic link"):
+        append_row(tmp_path / "runs.csv", cost_row(16))
+    assert not target.exists()
