@@ -14,6 +14,7 @@ from experiments.report.build import build_report
 from experiments.report.manifest import MANIFEST_NAME, read_manifest
 from experiments.runs_csv import RunsFileError
 from experiments.sweep.__main__ import main as sweep_main
+from experiments.sweep.config import ConfigError, config_from_dict
 from experiments.sweep.out_dir import LOCK_NAME, OutDirError, check_out_dir
 from experiments.sweep.runs_file import append_row
 
@@ -191,3 +192,24 @@ def test_rows_are_never_appended_through_a_link(tmp_path: Path) -> None:
     with pytest.raises(RunsFileError, match="symbolic link"):
         append_row(tmp_path / "runs.csv", cost_row(16))
     assert not target.exists()
+
+
+# --- a config name is a folder name, never a path ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", "/tmp/x", ".hidden", "a..b", "", "x" * 101])
+def test_config_name_must_be_a_plain_name(name: str) -> None:
+    with pytest.raises(ConfigError, match=r"^t\.toml: name names the results folder"):
+        config_from_dict({"name": name}, "t.toml")
+
+
+@pytest.mark.parametrize("name", ["default", "vim_1248", "cpu-tiny.v2"])
+def test_plain_config_names_are_accepted(name: str) -> None:
+    assert config_from_dict({"name": name}, "t.toml").out_dir == Path("results/local") / name
+
+
+def test_config_name_cannot_move_the_results_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = tiny_sweep.write_config(tmp_path, TINY.replace('name = "tiny"', 'name = "../../escaped"'))
+    assert sweep_main(["--config", str(config), "--quiet", "--no-report"]) == 2
+    one_line_error(capsys, "name names the results folder", "'../../escaped'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]
