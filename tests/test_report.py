@@ -17,6 +17,7 @@ import pytest
 from experiments.report import plots as report_plots
 from experiments.report import plots_cost
 from experiments.report.build import ReportError, build_report, load_runs
+from experiments.report.manifest import read_manifest, write_manifest
 from experiments.report.crossover import (
     COST_KEYS, RECIPE_KEYS, REPLICATE_KEYS, cost_points, crossover_table, curve_keys, curve_points, exponent_table,
     find_crossover, first_failures, fit_exponent,
@@ -157,9 +158,11 @@ def test_summary_states_convention_and_provenance(report: tuple[Path, list[Path]
 
 
 def test_rebuild_removes_stale_outputs(small_sweep: Path) -> None:
-    (small_sweep / "figures").mkdir()
+    build_report(small_sweep)
     stale = small_sweep / "figures" / "wall_old-setting.png"
     stale.write_bytes(b"old")
+    # A previous report drew it (its manifest says so); a file it did not list is never removed (test_out_dir_safety).
+    write_manifest(small_sweep, read_manifest(small_sweep) | {"figures/wall_old-setting.png"})
     build_report(small_sweep)
     assert not stale.exists()
 

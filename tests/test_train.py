@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
 from experiments.train.recipe import (
+    CHECKPOINT_KEYS,
     CHECKPOINT_NAME,
     TrainRecipe,
     TrainResult,
@@ -167,6 +168,62 @@ def test_finished_checkpoint_returns_its_result(tmp_path: Path) -> None:
     first = run(tiny_vit(), recipe, checkpoint_dir=tmp_path)
     again = run(tiny_vit(seed=5), recipe, checkpoint_dir=tmp_path)
     assert again == first
+
+
+class Planted:
+    """Unpickling it creates `marker`, as a hostile pickle would run any code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def _plant_pickle(path: Path, tmp_path: Path) -> None:
+    # Every key a checkpoint has, so only the loader (not a missing key) can stop the code from running.
+    torch.save({**{key: 0 for key in CHECKPOINT_KEYS}, "recipe": Planted(tmp_path / "marker")}, path)
+
+
+def _plant_truncated(path: Path, tmp_path: Path) -> None:
+    run(tiny_vit(), FAST, checkpoint_dir=tmp_path / "real")  # a finished run: resuming it would change nothing
+    data = (tmp_path / "real" / CHECKPOINT_NAME).read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _plant_foreign(path: Path, tmp_path: Path) -> None:
+    torch.save({"model": {}, "epoch": 1}, path)  # loads, but has no 'recipe' and the rest
+
+
+@pytest.mark.parametrize("plant", [_plant_pickle, _plant_truncated, _plant_foreign], ids=["pickle", "truncated",
+                                                                                         "foreign"])
+def test_bad_checkpoint_is_named_moved_aside_and_the_run_restarts(tmp_path: Path, plant, caplog) -> None:
+    recipe = dataclasses.replace(FAST, epochs=1)
+    straight = tiny_vit()
+    expected = run(straight, recipe)
+    folder = tmp_path / "point"
+    folder.mkdir()
+    plant(folder / CHECKPOINT_NAME, tmp_path)
+    planted = (folder / CHECKPOINT_NAME).read_bytes()
+
+    model = tiny_vit()
+    with caplog.at_level("WARNING", logger="experiments.train.recipe"):
+        result = run(model, recipe, checkpoint_dir=folder)
+    assert not (tmp_path / "marker").exists()  # the planted code never ran
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(folder / CHECKPOINT_NAME) in warnings[0], warnings
+    aside = [p for p in folder.iterdir() if p.name.startswith(f"{CHECKPOINT_NAME}.bad-")]
+    assert len(aside) == 1 and aside[0].name in warnings[0] and aside[0].read_bytes() == planted  # kept, not lost
+    # Restarted from scratch and finished exactly as a run that never saw the bad file.
+    assert result.status == "ok" and result.epochs_done == recipe.epochs and result.accuracy == expected.accuracy
+    assert_same_weights(weights(model), weights(straight))
+    assert torch.load(folder / CHECKPOINT_NAME, weights_only=True)["epoch"] == recipe.epochs
+
+
+def test_checkpoint_holds_only_data(tmp_path: Path) -> None:
+    run(tiny_vit(), dataclasses.replace(FAST, epochs=1), checkpoint_dir=tmp_path)
+    ckpt = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)  # no pickled numpy arrays or classes
+    assert set(ckpt) == CHECKPOINT_KEYS
 
 
 def test_huge_lr_diverges() -> None:

@@ -2,7 +2,9 @@
 
     python -m experiments.report results/<sweep>
 
-writes into the sweep folder:
+writes into the sweep folder (and lists what it wrote in .report-manifest.json: a rebuild removes only files
+listed there, and refuses a runs.csv, tables/, figures/ or summary.md that is a symbolic link, or a summary.md
+it did not write):
     summary.md                       what was measured, how it was counted, where it ran; links everything below
     tables/costs.{csv,md,tex}        one row per point: params, GMACs, latency, memory, train step, accuracy, status
     tables/exponents.{csv,md,tex}    fitted scaling exponent k of cost ~ N^k per mixer and metric
@@ -23,8 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .build import ReportError, build_report, check_headline_target, load_runs, write_headline
-from .claims import ClaimsError, write_claims
+from .build import ReportError, build_report, check_headline_target, write_headline
+from .claims import ClaimsError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,13 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.readme:
             check_headline_target(args.readme, args.headline)  # before the report is rewritten, not after
-        written = build_report(args.sweep_dir)
-        if args.claims:
-            sweep_dir = args.sweep_dir.parent if args.sweep_dir.is_file() else args.sweep_dir
-            claim_files, section = write_claims(load_runs(sweep_dir / "runs.csv"), args.claims, sweep_dir / "tables")
-            summary = sweep_dir / "summary.md"
-            summary.write_text(summary.read_text(encoding="utf-8") + "\n" + section, encoding="utf-8")
-            written += claim_files
+        # refuses links at runs.csv, tables/, figures/ and summary.md, and a summary.md it did not write
+        written = build_report(args.sweep_dir, claims=args.claims)
         if args.readme:
             write_headline(args.readme, args.sweep_dir, args.headline)
     except (ReportError, ClaimsError) as error:

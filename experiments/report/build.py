@@ -22,6 +22,11 @@ import pandas as pd
 from ..runs_csv import OPTIONAL_KEYS, RunsFileError, read_table
 from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
 from . import tables as report_tables
+from .manifest import (
+    SUMMARY_MARKER, SUMMARY_NAME, ForeignFileError, check_overwrites, read_manifest, refuse_symlinks, remove_stale,
+    write_manifest,
+)
+from .claims import write_claims
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
 from .erf import erf_figures, erf_tables, load_maps, outdated_maps_line
 from .plots_accuracy import accuracy_figures
@@ -47,9 +52,8 @@ TEXT_COLUMNS: frozenset[str] = frozenset({
 # Numeric columns that place a point: a row without them is unusable.
 INTEGER_KEYS: tuple[str, ...] = ("img_size", "patch_size", "batch_size", "epochs", "seed", "tokens")
 
-# Subfolders the report owns: rebuilt whole each time, so no figure outlives the data it came from.
+# Subfolders the report writes into; it removes there only the files its manifest lists (report/manifest.py).
 TABLES_DIR, FIGURES_DIR = "tables", "figures"
-_GENERATED_SUFFIXES = (".csv", ".md", ".tex", ".png", ".pdf")
 
 # LaTeX captions of the tables.
 TABLE_CAPTIONS: dict[str, str] = {
@@ -132,21 +136,30 @@ def _deduplicate(runs: pd.DataFrame) -> pd.DataFrame:
     return kept.sort_values("_line").drop(columns=["_ok", "_line"]).reset_index(drop=True)
 
 
-def build_report(sweep_dir: Path) -> list[Path]:
+def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
     """Rebuild every table, figure and the summary of a sweep from its runs.csv.
 
     Args:
         sweep_dir: the sweep folder holding runs.csv (a path to the runs.csv itself is accepted too).
+        claims: also check these published claims (a file of experiments/report/claims/ or a TOML path):
+            tables/claims.* and a section at the end of summary.md.
 
     Returns:
         The files written, summary.md last.
 
     Raises:
-        ReportError: runs.csv is missing or unusable.
+        ReportError: runs.csv is missing or unusable; runs.csv, tables/, figures/ or summary.md is a symbolic
+            link; or a file the report would write over is not its own (a summary.md someone else wrote).
+        ClaimsError: the claims cannot be read or match no row; nothing is written then.
     """
     sweep_dir = Path(sweep_dir)
     if sweep_dir.is_file():
         sweep_dir = sweep_dir.parent
+    try:  # before any work: a folder the report may not write into is refused at once
+        refuse_symlinks(sweep_dir)
+        check_overwrites(sweep_dir, [SUMMARY_NAME], read_manifest(sweep_dir))
+    except ForeignFileError as error:
+        raise ReportError(str(error)) from None
     runs = load_runs(sweep_dir / "runs.csv")
     # Everything is written into a staging folder beside the old report and moved over it only once complete,
     # file by file with os.replace: a failure (or a kill) midway leaves the previous report as it was.
@@ -163,8 +176,12 @@ def build_report(sweep_dir: Path) -> list[Path]:
         reach_lines += [line for line in [outdated_maps_line(sweep_dir, runs)] if line]
         if reach_lines:
             text += "\n" + "\n".join(reach_lines)
-        (staging / "summary.md").write_text(text, encoding="utf-8")
-        summary = sweep_dir / "summary.md"
+        if claims:  # published with the rest, so the manifest lists them and a bad claims file writes nothing
+            claim_files, section = write_claims(runs, claims, staging / TABLES_DIR)
+            tables += [sweep_dir / p.relative_to(staging) for p in claim_files]
+            text += "\n" + section
+        (staging / SUMMARY_NAME).write_text(text, encoding="utf-8")
+        summary = sweep_dir / SUMMARY_NAME
         _publish(staging, sweep_dir, tables + figures + [summary])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -208,16 +225,29 @@ def _write_outputs(runs: pd.DataFrame, sweep_dir: Path, tables_dir: Path,
 
 
 def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
-    """Moves the complete new report from `staging` over the old one, summary.md last, then removes the files a
-    previous report wrote that this one did not (so no figure outlives the data it came from)."""
+    """Moves the complete new report from `staging` over the old one, summary.md last, then removes the files the
+    previous report listed in its manifest that this one did not write (so no figure outlives the data it came
+    from), and nothing else.
+
+    The manifest lists the old and the new files while they are moved, so a kill at any moment leaves every file
+    the report wrote listed, and the next rebuild still knows them as its own.
+
+    Raises:
+        ReportError: a link where the report writes, or a file in the way that the report did not write.
+    """
+    names = [path.relative_to(sweep_dir).as_posix() for path in written]
+    try:
+        refuse_symlinks(sweep_dir)
+        previous = read_manifest(sweep_dir)
+        check_overwrites(sweep_dir, names, previous)
+    except ForeignFileError as error:
+        raise ReportError(str(error)) from None
+    write_manifest(sweep_dir, (previous or set()) | set(names))
     for path in written:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / path.relative_to(sweep_dir), path)
-    keep = set(written)
-    for folder in (sweep_dir / TABLES_DIR, sweep_dir / FIGURES_DIR):
-        for stale in folder.iterdir():
-            if stale.is_file() and stale.suffix in _GENERATED_SUFFIXES and stale not in keep:
-                stale.unlink()
+    remove_stale(sweep_dir, previous, names)
+    write_manifest(sweep_dir, names)
 
 
 def cost_curve_rows(runs: pd.DataFrame) -> pd.DataFrame:
@@ -268,8 +298,7 @@ def render_summary(sweep_dir: Path, runs: pd.DataFrame, tables: list[Path], figu
     lines = [
         f"# Sweep report: {sweep_dir.resolve().name}",
         "",
-        f"Rebuilt from `runs.csv` ({len(runs)} rows: {status_text}) by `python -m experiments.report`. "
-        "Do not edit: rerun the command instead.",
+        f"Rebuilt from `runs.csv` ({len(runs)} rows: {status_text}) {SUMMARY_MARKER}",
         "",
         "## Setup",
         "",

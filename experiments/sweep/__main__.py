@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retry-failed", action="store_true",
                         help="rerun points whose last row is error, timeout, oom or skipped (appends newer rows)")
     parser.add_argument("--no-report", action="store_true", help="do not rebuild tables and plots at the end")
+    parser.add_argument("--reuse-out", action="store_true",
+                        help="write into an --out folder that holds files but no runs.csv (refused otherwise, as it "
+                             "is probably not a sweep's); nothing there is deleted or overwritten, so a summary.md "
+                             "the report did not write is still refused (unless --no-report)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print each point's predicted latency, memory and time, and the sweep's total, and stop")
     parser.add_argument("--budget-minutes", type=float, default=None, metavar="M",
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         points = config.points(list_mixers())
         check_environment(config, dry_run=args.dry_run)
         if not args.dry_run:
-            check_out_dir(config.out_dir)
+            check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
         read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running anything
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")
@@ -297,9 +301,13 @@ def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Nam
         return 1
     print(f"runs: {runs_path} ({time.perf_counter() - started:.0f} s)")
     if not args.no_report:
-        from ..report.build import build_report
+        from ..report.build import ReportError, build_report
 
-        written = build_report(config.out_dir)
+        try:
+            written = build_report(config.out_dir)
+        except ReportError as error:  # a file put in the report's way while the sweep ran
+            print(f"python -m experiments.sweep: error: {error}; the rows are kept in {runs_path}", file=sys.stderr)
+            return 2
         print(f"report: {len(written)} files in {config.out_dir}/ (summary: {config.out_dir / 'summary.md'})")
     return 0
 

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import itertools
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,8 +202,15 @@ def _as_field(name: str, value: object, where: str) -> object:
     return float(value) if kind == "float" else value
 
 
+# A config's name is a folder name (results/local/<name>): one plain path component, never a path.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+
+
 def check_fields(config: SweepConfig, where: str) -> None:
     prefix = f"{where}: " if where else ""
+    if not isinstance(config.name, str) or not _PLAIN_NAME.fullmatch(config.name) or ".." in config.name:
+        raise ConfigError(f"{prefix}name names the results folder, so it must be letters, digits, '_', '-' and '.' "
+                          f"(no '/' or '..', no leading '.', at most 100), got {config.name!r}")
     for name in ("img_sizes", "patch_sizes", "batch_sizes"):
         values = getattr(config, name)
         if not values:

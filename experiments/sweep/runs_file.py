@@ -3,7 +3,8 @@
 Each row is written with a single `write` of a complete line followed by `fsync`, so a run killed mid-sweep
 (SIGKILL included) loses no row that was written. If the machine dies inside that write, the half line has no
 newline: reading ignores it and the next append cuts it off before writing. A write that fails (a full disk)
-cuts the file back to its earlier rows and stops the sweep with one line.
+cuts the file back to its earlier rows and stops the sweep with one line. A runs.csv that is a symbolic link (a
+dangling one included) is refused, never followed: it would write rows, or create a file, wherever it points.
 """
 from __future__ import annotations
 
@@ -48,11 +49,15 @@ def append_row(path: Path, row: dict[str, object]) -> None:
 
     Raises:
         RunsFileError: the row could not be written whole (disk full, a write error); the file is cut back to
-            the rows before it, so nothing written earlier is lost and no half row is left.
+            the rows before it, so nothing written earlier is lost and no half row is left. Or `path` is a
+            symbolic link, which is never followed.
     """
     unknown = set(row) - set(COLUMNS)
     if unknown:
         raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
+    if path.is_symlink():
+        raise RunsFileError(f"{path} is a symbolic link; rows are never written through links: replace it with "
+                            "a real file or choose another --out")
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     try:
@@ -76,7 +81,8 @@ def _write_all(path: Path, data: bytes) -> None:
     `os.write` may write less than asked (a full disk, a signal); the rest is written in further calls, and a
     call that writes nothing is a failure, never a silent loss.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    # O_NOFOLLOW: a link put in place after the check above fails here (ELOOP) rather than being followed.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         start = os.fstat(fd).st_size
         try:

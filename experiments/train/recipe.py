@@ -9,10 +9,17 @@ and `float32` is plain fp32 everywhere.
 Runs are seeded and, on CPU, bit-for-bit repeatable. A checkpoint is written atomically after every epoch;
 calling again with the same `checkpoint_dir` resumes from it and ends with the same weights as a run that
 was never interrupted.
+
+Checkpoints are data: they hold tensors and plain values only (the RNG states too) and are loaded with
+`weights_only=True`, so a file planted in a results folder cannot run code. One that cannot be resumed (damaged,
+foreign, or refused by that loader) is named in a warning, moved aside to `last.pt.bad-<time>` and the run starts
+from scratch, rather than failing its point on every rerun.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import logging
 import math
 import os
 import random
@@ -29,6 +36,10 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 CHECKPOINT_NAME = "last.pt"
+# What `train_and_evaluate` saves; a checkpoint lacking any of them is not one it wrote.
+CHECKPOINT_KEYS = frozenset({"model", "optimizer", "scheduler", "epoch", "rng", "accuracy", "best_accuracy",
+                             "final_train_loss", "train_time_s", "recipe", "seed", "train_samples"})
+_LOG = logging.getLogger(__name__)
 # Parameter names (last dotted component) that are position embeddings; decaying them towards zero erases
 # position information, which is why DeiT/timm and Swin list them in `no_weight_decay()`.
 POSITION_PARAM_NAMES = frozenset({"pos_embed", "cls_token", "relative_position_bias_table"})
@@ -212,10 +223,13 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 
 def _rng_state(device: torch.device) -> dict[str, object]:
+    """Every global RNG's state as tensors and plain values, so that `weights_only=True` can load it."""
+    _, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     state: dict[str, object] = {
         "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": random.getstate(),  # (version, 625 ints, float or None): plain values already
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
     }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
@@ -223,9 +237,11 @@ def _rng_state(device: torch.device) -> dict[str, object]:
 
 
 def _set_rng_state(state: dict[str, object], device: torch.device) -> None:
+    numpy_state = state["numpy"]
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(("MT19937", numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
 
@@ -357,27 +373,40 @@ def train_and_evaluate(
     total_steps = recipe.epochs * steps_per_epoch
 
     model.to(device=device, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(
-        param_groups(model, recipe.weight_decay), lr=recipe.lr, betas=(0.9, 0.999), fused=device.type == "cuda"
-    )
-    schedule = WarmupCosine(round(recipe.warmup_epochs * steps_per_epoch), total_steps, recipe.min_lr / recipe.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+    def fresh_optimizer() -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        optimizer = torch.optim.AdamW(
+            param_groups(model, recipe.weight_decay), lr=recipe.lr, betas=(0.9, 0.999), fused=device.type == "cuda"
+        )
+        schedule = WarmupCosine(round(recipe.warmup_epochs * steps_per_epoch), total_steps, recipe.min_lr / recipe.lr)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+    optimizer, scheduler = fresh_optimizer()
     criterion = nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
 
     start_epoch, best, accuracy, last_loss, train_time = 0, None, None, None, 0.0
     ckpt_path = checkpoint_dir / CHECKPOINT_NAME if checkpoint_dir is not None else None
     if ckpt_path is not None:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        if ckpt_path.exists():
-            # weights_only=False: RNG states hold numpy arrays and tuples; the file is one this function wrote.
-            ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        ckpt = _load_checkpoint(ckpt_path, device) if os.path.lexists(ckpt_path) else None
+        if ckpt is not None:
             _check_resumable(ckpt, recipe, seed, n_train, ckpt_path)
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            scheduler.load_state_dict(ckpt["scheduler"])
-            _set_rng_state(ckpt["rng"], device)
-            start_epoch, best, accuracy = ckpt["epoch"], ckpt["best_accuracy"], ckpt["accuracy"]
-            last_loss, train_time = ckpt["final_train_loss"], ckpt["train_time_s"]
+            initial = copy.deepcopy(model.state_dict())
+            try:
+                model.load_state_dict(ckpt["model"])
+                optimizer.load_state_dict(ckpt["optimizer"])
+                scheduler.load_state_dict(ckpt["scheduler"])
+                _set_rng_state(ckpt["rng"], device)
+                start_epoch, best, accuracy = int(ckpt["epoch"]), ckpt["best_accuracy"], ckpt["accuracy"]
+                last_loss, train_time = ckpt["final_train_loss"], float(ckpt["train_time_s"])
+            except Exception as error:  # noqa: BLE001 - well-formed but not this model's: start over
+                _move_aside(ckpt_path, f"{type(error).__name__}: {error}")
+                model.load_state_dict(initial)  # undo whatever was loaded before the failure
+                optimizer, scheduler = fresh_optimizer()
+                torch.manual_seed(seed)
+                random.seed(seed)
+                np.random.seed(seed)
+                start_epoch, best, accuracy, last_loss, train_time = 0, None, None, None, 0.0
 
     def result(status: str, epochs_done: int, images: int, error: str = "") -> TrainResult:
         return TrainResult(
@@ -453,6 +482,50 @@ def train_and_evaluate(
                 ckpt_path,
             )
     return result("ok", recipe.epochs, recipe.epochs * n_train)
+
+
+def _load_checkpoint(path: Path, device: torch.device) -> dict | None:
+    """The checkpoint at `path` as plain data, or None when it is not one `train_and_evaluate` wrote.
+
+    `weights_only=True` refuses anything but tensors and plain values, so a planted pickle runs no code. A file
+    that cannot be loaded or lacks a key is moved aside (`_move_aside`) and the caller trains from scratch.
+    """
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - refused, truncated, not a checkpoint at all: all the same here
+        _move_aside(path, f"{type(error).__name__}: {error}")
+        return None
+    missing = sorted(CHECKPOINT_KEYS - set(ckpt)) if isinstance(ckpt, dict) else ["(not a dict)"]
+    if not missing and not (isinstance(ckpt["recipe"], dict) and isinstance(ckpt["rng"], dict)):
+        missing = ["(recipe or rng not a dict)"]
+    if missing:
+        _move_aside(path, f"missing key(s) {', '.join(missing)}")
+        return None
+    return ckpt
+
+
+def _move_aside(path: Path, reason: str) -> None:
+    """Renames a checkpoint that cannot be resumed to `<name>.bad-<time>`, with one warning line naming both.
+
+    Kept rather than deleted: it is evidence (a damaged disk, a planted file) and may not be ours to delete.
+
+    Raises:
+        RuntimeError: it cannot be moved (a read-only folder), so training from scratch could not save either.
+    """
+    reason = (reason.strip().splitlines() or ["unreadable"])[0][:200]
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = path.with_name(f"{path.name}.bad-{stamp}")
+    for attempt in range(1, 100):
+        if not os.path.lexists(aside):
+            break
+        aside = path.with_name(f"{path.name}.bad-{stamp}-{attempt}")
+    try:
+        os.rename(path, aside)
+    except OSError as error:
+        raise RuntimeError(f"checkpoint {path} cannot be resumed ({reason}) nor moved aside "
+                           f"({error.strerror or error}); remove it and rerun") from None
+    _LOG.warning("checkpoint %s cannot be resumed (%s); moved it to %s and training from scratch",
+                 path, reason, aside.name)
 
 
 def _check_resumable(ckpt: dict, recipe: TrainRecipe, seed: int, n_train: int, path: Path) -> None:
