@@ -35,7 +35,7 @@ from mixers import Grid
 from mixers.attention import Attention
 from mixers.linear import LinearAttention
 from mixers.mamba import VimMixer
-from mixers.swin import SwinAttention
+from mixers.swin import SwinAttention, window_mask
 
 FAMILIES: tuple[str, ...] = ("attention", "swin", "linear", "mamba", "gradient")
 
@@ -128,7 +128,8 @@ def swin_matrix(mixer: SwinAttention, x: Tensor, grid: Grid, *, scaled: bool = T
     bias = mixer.relative_position_bias()[:, position[:, None], position[None, :]]  # (heads, N, N)
     logits = (q * scale) @ k.transpose(-2, -1) + bias  # (B, heads, N, N)
     allowed = window[:, None] == window[None, :]  # (N, N)
-    mask = mixer._mask(grid, x.device)  # (nW, L, L) or None: pairs the roll brought together from opposite borders
+    mask = window_mask(grid, mixer.window_size, mixer.shift, x.device)  # (nW, L, L) or None: pairs the roll brought
+    # together from opposite borders, and padding keys (never among the real tokens here)
     if mask is not None:
         allowed = allowed & (mask[window[:, None], position[:, None], position[None, :]] == 0)
     return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)  # (B, heads, N, N)
