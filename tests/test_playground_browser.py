@@ -99,3 +99,16 @@ def test_clicks_change_every_panel_and_swin_stays_in_its_window(driver, app_url:
     assert panel_rows(driver) == seen[PATCHES[0]]
     assert message(driver) == ""
 
+
+
+def test_the_screenshot_script_saves_the_page_after_a_click(tmp_path: Path, capsys) -> None:
+    from experiments.playground.__main__ import main
+
+    path = tmp_path / "docs" / "playground.png"
+    status = main(["--port", "0", "--screenshot", str(path), "--screenshot-patch", "9"])
+    out, err = capsys.readouterr()
+    if status == 2 and "no headless browser" in err:
+        pytest.skip(err.strip())
+    assert status == 0 and f"screenshot: {path}" in out
+    width, height = Image.open(path).size
+    assert width > 800 and height > 600

@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     except (WeightsError, ValueError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
+    tokens = models.grid[0] * models.grid[1]
+    if args.screenshot and not 0 <= args.screenshot_patch < tokens:
+        parser.error(f"--screenshot-patch {args.screenshot_patch} is outside the {models.grid[0]} x "
+                     f"{models.grid[1]} grid: choose 0 to {tokens - 1}")
     playground = Playground(models, args.cifar, untrained)
     try:
         server = serve(playground, args.port)

@@ -51,6 +51,7 @@ class Playground:
         self.cifar = cifar
         self.untrained = untrained or models
         self.uploads: dict[str, tuple[str, np.ndarray]] = {}
+        self.upload_count = 0  # ids stay unique after the oldest uploads are dropped
         self._use(models)
 
     def _use(self, models: ModelSet) -> None:
@@ -111,7 +112,8 @@ class Playground:
 
     def upload(self, data: bytes, name: str) -> dict:
         image = decode_upload(data, self.models.patch_size)
-        key = f"upload-{len(self.uploads)}-{threading.get_ident() % 10_000}"
+        self.upload_count += 1
+        key = f"upload-{self.upload_count}"
         while len(self.uploads) >= MAX_UPLOADS:
             self.uploads.pop(next(iter(self.uploads)))
         self.uploads[key] = (f"upload: {name or 'image'} ({image.shape[1]} x {image.shape[0]} px)", image)
