@@ -35,6 +35,7 @@ class Point:
     timeout_s: float = 1800.0
     checkpoint_dir: str = ""  # where training checkpoints go, so a killed training point resumes
     erf_path: str = ""  # where a training point saves its effective receptive field maps (.npz); "" = none
+    weights_path: str = ""  # where a training point saves its final weights (.safetensors); "" = none
 
     @property
     def tokens(self) -> int:

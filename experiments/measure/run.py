@@ -122,7 +122,7 @@ def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[
 
     A data set with test buckets (reach) also gets its accuracy per bucket, as JSON in `accuracy_by_bucket`.
     With `point.erf_path`, the effective receptive field maps at initialisation and after training are saved
-    there (experiments/train/erf.py).
+    there (experiments/train/erf.py); with `point.weights_path`, the trained weights (experiments/train/weights.py).
     """
     from ..train.datasets import build_dataset
     from ..train.recipe import TrainRecipe, evaluate_by_bucket, train_and_evaluate
@@ -151,6 +151,13 @@ def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[
         by_bucket = evaluate_by_bucket(model, bundle.test, bundle.test_buckets, device=device, dtype=dtype,
                                        batch_size=recipe.eval_batch_size)
         row["accuracy_by_bucket"] = json.dumps({k: round(v, 5) for k, v in by_bucket.items()})
+    if point.weights_path and result.status == "ok":
+        from ..schema import KEY_COLUMNS
+        from ..train.weights import save_weights
+
+        key = {column: getattr(point, column) for column in KEY_COLUMNS if hasattr(point, column)}
+        save_weights(Path(point.weights_path), model, key, num_classes=bundle.num_classes, in_chans=bundle.in_chans,
+                     mean=bundle.mean, std=bundle.std)
     if erf_maps and result.status == "ok":
         from ..schema import KEY_COLUMNS
         from ..train.erf import erf_map, save_erf

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
 from ..train.datasets import DATASET_NAMES, DatasetError
-from .config import ConfigError, SweepConfig, config_from_dict, load_config, named_configs
+from .config import ConfigError, SweepConfig, _digest, config_from_dict, load_config, named_configs
 from .plan import Budget, Planner, budget_order, load_note, plan_lines
 from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
 from .out_dir import OutDirError, SweepLock, check_out_dir
@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-plan", action="store_true",
                         help="no cost prediction (skips the calibration run; rows get no predicted_* cells)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--save-weights", action="store_true",
+                        help="training points save their final weights to <out>/weights/<key hash>.safetensors, "
+                             "for `python -m experiments.playground --weights <out>`")
     return parser
 
 
@@ -249,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         from mixers import list_mixers
 
         points = config.points(list_mixers())
+        if args.save_weights:
+            points = with_weights_paths(points, config.out_dir)
         check_environment(config, dry_run=args.dry_run)
         if not args.dry_run:
             check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
@@ -266,6 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     except OutDirError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
+
+
+def with_weights_paths(points: list[Point], out_dir: Path) -> list[Point]:
+    """The points, each training one set to save its weights, named by the key hash as its checkpoints are."""
+    if not any(p.epochs for p in points):
+        raise ConfigError("--save-weights saves trained weights, but this sweep trains nothing (epochs 0): "
+                          "add --epochs N and --dataset NAME")
+    return [dataclasses.replace(p, weights_path=str(out_dir / "weights" / f"{_digest(p.key)}.safetensors"))
+            if p.epochs else p for p in points]
 
 
 def _build_planner(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> Planner:

@@ -1,0 +1,163 @@
+"""The models the playground shows: one ViT per mixer, untrained or loaded from a sweep's saved weights."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mixers import list_mixers
+from models import ViT, create_vit
+
+from ..measure.point import Point
+from ..measure.run import build_model
+from ..train.weights import SUFFIX, SavedWeights, WeightsError, read_weights
+from .mixing import MixingRows, mixing_rows
+
+# attention_naive is the same module with the same weights as attention: its map would repeat attention's.
+DEFAULT_MIXERS: tuple[str, ...] = tuple(m for m in list_mixers() if m != "attention_naive")
+# Untrained models: windows of 4 x 4 tokens, so an 8 x 8 grid shows four windows (and their shift at odd layers).
+UNTRAINED_OPTIONS: dict[str, dict] = {"swin": {"window_size": 4}}
+
+
+@dataclass
+class ModelSet:
+    """One model per mixer, all on one image size, patch size and channel count, so they share one image.
+
+    Attributes:
+        models: mixer name -> model, in eval mode on the CPU.
+        labels: mixer name -> one line naming its weights.
+        img_size: the side every image is resized to, px.
+        patch_size: patch side, px.
+        in_chans: image channels the models read (1: the image is shown and fed in grayscale).
+        mean: per-channel normalisation mean, on the [0, 1] scale.
+        std: per-channel normalisation std.
+        description: one line for the page's header.
+        notes: what was left out and why (weights of other sizes, mixers without weights).
+    """
+
+    models: dict[str, ViT]
+    labels: dict[str, str]
+    img_size: int
+    patch_size: int
+    in_chans: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    description: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        side = self.img_size // self.patch_size
+        return side, side
+
+    @property
+    def depth(self) -> int:
+        return min(len(m.blocks) for m in self.models.values())
+
+    @classmethod
+    def untrained(cls, mixers: tuple[str, ...] = DEFAULT_MIXERS, *, img_size: int = 32, patch_size: int = 4,
+                  preset: str = "micro", seed: int = 0) -> ModelSet:
+        """Freshly initialised models (each from `seed`): the patterns the architectures start with."""
+        models, labels = {}, {}
+        for mixer in mixers:
+            torch.manual_seed(seed)
+            options = UNTRAINED_OPTIONS.get(mixer)
+            models[mixer] = create_vit(preset, mixer=mixer, img_size=img_size, patch_size=patch_size, num_classes=10,
+                                       mixer_options=options).eval()
+            labels[mixer] = f"untrained {preset}, seed {seed}" + (f", {json.dumps(options)}" if options else "")
+        return cls(models, labels, img_size, patch_size, 3, (0.5,) * 3, (0.5,) * 3,
+                   f"untrained {preset} models (seed {seed}), {img_size} px images, patch {patch_size}")
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> ModelSet:
+        """The trained models saved by `python -m experiments.sweep --save-weights --out <folder>`.
+
+        Weights of several sizes or data sets may sit in one folder; the playground shows one image, so it takes
+        the (data set, image size, patch size) with the most mixers, and per mixer the lowest seed; the notes say
+        what it left out.
+
+        Raises:
+            WeightsError: no such folder, no weights in it, or a file that cannot be read.
+        """
+        folder = Path(folder).expanduser()
+        if not folder.is_dir():
+            raise WeightsError(f"no folder {folder}: give the --out folder of a sweep run with --save-weights")
+        files = sorted((folder / "weights").glob(f"*{SUFFIX}")) or sorted(folder.glob(f"*{SUFFIX}"))
+        if not files:
+            raise WeightsError(f"no weights in {folder} (looked for weights/*{SUFFIX}): run the sweep with "
+                               f"`python -m experiments.sweep --save-weights --out {folder} ...` first")
+        saved = [read_weights(path) for path in files]
+        groups: dict[tuple, list[SavedWeights]] = defaultdict(list)
+        for weights in saved:
+            k = weights.key
+            groups[(str(k.get("dataset")), int(k["img_size"]), int(k["patch_size"]), weights.in_chans)].append(weights)
+        chosen_key = max(sorted(groups), key=lambda g: len({w.key["mixer"] for w in groups[g]}))
+        chosen: dict[str, SavedWeights] = {}
+        for weights in sorted(groups[chosen_key], key=lambda w: (int(w.key.get("seed", 0)), w.path.name)):
+            chosen.setdefault(str(weights.key["mixer"]), weights)
+        models, labels = {}, {}
+        for mixer, weights in chosen.items():
+            models[mixer] = _load(weights)
+            labels[mixer] = weights.label()
+        dataset, img_size, patch_size, in_chans = chosen_key
+        first = next(iter(chosen.values()))
+        notes = [f"{len(saved) - len(chosen)} other weights file(s) in {folder} not shown (other seeds, sizes or "
+                 "data sets: one image size at a time)"] if len(saved) > len(chosen) else []
+        return cls(models, labels, img_size, patch_size, in_chans, first.mean, first.std,
+                   f"trained on {dataset}, {img_size} px images, patch {patch_size}, from {folder}", tuple(notes))
+
+    def prepare(self, image: np.ndarray) -> torch.Tensor:
+        """An (H, W, 3) uint8 image as the models' input (1, in_chans, S, S): resized, channels, normalised."""
+        tensor = torch.from_numpy(self.resize(image)).float().div(255).permute(2, 0, 1)  # (3, S, S)
+        if self.in_chans == 1:
+            tensor = tensor.mean(0, keepdim=True)  # (1, S, S)
+        mean = torch.tensor(self.mean).view(-1, 1, 1)
+        std = torch.tensor(self.std).view(-1, 1, 1)
+        return ((tensor - mean) / std)[None]  # (1, in_chans, S, S)
+
+    def resize(self, image: np.ndarray) -> np.ndarray:
+        """The image as the models see it: the centre square, resized (bilinear) to S x S, RGB uint8."""
+        h, w = image.shape[:2]
+        side = min(h, w)
+        top, left = (h - side) // 2, (w - side) // 2
+        square = Image.fromarray(image[top:top + side, left:left + side])
+        if side != self.img_size:
+            square = square.resize((self.img_size, self.img_size), Image.BILINEAR)
+        out = np.array(square.convert("RGB"))  # a writable copy: torch.from_numpy warns on read-only arrays
+        if self.in_chans == 1:  # shown as the models read it
+            out = np.repeat(np.asarray(square.convert("L"))[..., None], 3, axis=2)
+        return out
+
+    def rows(self, image: np.ndarray, query: int, layer: int, *, scaled: bool = True) -> dict[str, MixingRows]:
+        """Each mixer's mixing row of token `query` at block `layer` (its input: that block's norm1 output)."""
+        if not 0 <= layer < self.depth:
+            raise ValueError(f"layer {layer} does not exist: the models have layers 0 to {self.depth - 1}")
+        x = self.prepare(image)
+        out = {}
+        with torch.no_grad():
+            for mixer, model in self.models.items():
+                tokens = model.patch_embed(x) + model.pos_embed  # (1, N, C)
+                for block in model.blocks[:layer]:
+                    tokens = block(tokens, model.grid)
+                block = model.blocks[layer]
+                out[mixer] = mixing_rows(block.mixer, block.norm1(tokens), model.grid, query, scaled=scaled)
+        return out
+
+
+def _load(weights: SavedWeights) -> ViT:
+    """A model rebuilt from the key in the header, with the saved tensors loaded strictly."""
+    k = weights.key
+    point = Point(mixer=str(k["mixer"]), preset=str(k["preset"]), img_size=int(k["img_size"]),
+                  patch_size=int(k["patch_size"]), batch_size=1, overrides=str(k.get("overrides", "{}")))
+    try:
+        model = build_model(point, num_classes=weights.num_classes, in_chans=weights.in_chans, device="cpu")
+        model.load_state_dict(weights.state_dict(), strict=True)
+    except (RuntimeError, ValueError, KeyError) as error:
+        first = str(error).strip().splitlines()[0][:300]
+        raise WeightsError(f"{weights.path}: does not fit the model its header names ({first})") from None
+    return model.eval()
