@@ -97,12 +97,13 @@ def choose_rates(grid_rows: Iterable[Mapping[str, object]]) -> dict[tuple[str, .
     """Per setting (`rate_group`), the choice among its grid rows, read from `val_accuracy` only.
 
     Args:
-        grid_rows: rows of the grid stage (any status; a row that is not ok counts as a failed rate).
+        grid_rows: rows (any status; a grid row that is not ok counts as a failed rate); rows of another
+            `lr_stage` are left out.
     """
     by_group: dict[tuple[str, ...], dict[float, list[object]]] = {}
     for row in grid_rows:
         rate = rate_of(str(row.get("train", "")))
-        if rate is None:
+        if rate is None or str(row.get("lr_stage", GRID_STAGE)) != GRID_STAGE:  # a seed row's val chose nothing
             continue
         value = row.get("val_accuracy") if str(row.get("status", "")) == "ok" else None
         by_group.setdefault(rate_group(row), {}).setdefault(rate, []).append(value)

@@ -12,7 +12,7 @@ import pytest
 from experiments.report.build import build_report, load_runs
 from experiments.report.erf import mass_radius
 from experiments.report.plots import percent_error_bars
-from experiments.report.reach import reach_summary, separations
+from experiments.report.reach import bucket_rows, reach_summary, separations
 from experiments.report.stats import above_chance, seed_stats, t975
 from experiments.schema import COLUMNS, KEY_COLUMNS
 from experiments.sweep.config import _digest
@@ -74,7 +74,8 @@ def test_reach_summary_and_separations() -> None:
     runs = load_runs_frame(reach_runs())
     summary = reach_summary(runs)
     assert len(summary) == len(MIXERS) * 3 * len(DISTANCES) and (summary["seeds"] == 3).all()
-    pairs = separations(summary)
+    pairs = separations(bucket_rows(runs))
+    assert (pairs["p_value"] < 0.05).all()  # Welch's t-test from scipy decides, not non-overlapping intervals
     far = pairs[pairs["distance"] == 7]
     assert {("attention", "swin"), ("attention", "mamba"), ("swin", "mamba")} <= set(zip(far["better"], far["worse"]))
     assert pairs[pairs["distance"] == 1].empty  # all at 97% there
