@@ -278,7 +278,7 @@ def test_training_rows_do_not_split_cost_curves(mixed: Path) -> None:
     written = build_report(mixed)
     figures = {p.stem for p in written if p.suffix == ".png"}
     assert figures == {"wall_patch-8", "wall_patch-16", "wall_train_patch-8", "wall_train_patch-16",
-                       "patch_resolution", "accuracy_cost_pathfinder"}
+                       "patch_resolution", "accuracy_cost_pathfinder", "accuracy_tokens"}
     summary = (mixed / "summary.md").read_text()
     assert not re.search(r"\bnan\b", summary) and "Training: pathfinder, 4 epochs" in summary
 
