@@ -48,7 +48,7 @@ def lr_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     handles = [_mixer_handle(m, linestyle=mixer_style(m).linestyle) for m in mixers]
     handles.append(Line2D([], [], color="0.3", marker="o", markersize=9, markerfacecolor="none", linestyle="none",
                           label="chosen rate (best mean validation accuracy)"))
-    fig.suptitle("Learning-rate grid: validation accuracy (never test) picks each mixer's rate", fontsize=8.5)
+    fig.suptitle("LR grid: validation picks the rate", fontsize=8.5)
     fig.legend(handles=handles, loc="outside lower center", frameon=False,
                ncol=_legend_columns([h.get_label() for h in handles], width, handle_in=2.6 * 7 / 72))
     return _save(fig, out_dir / "lr_grid")
