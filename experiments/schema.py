@@ -61,7 +61,14 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     # accuracy (when epochs > 0)
     "train_samples",
     "accuracy",  # top-1 on the held-out split after the last epoch, in [0, 1]
+    # DIAGNOSTIC ONLY: the highest per-epoch test top-1, i.e. selected on the test split; no table, figure or
+    # choice reads it (experiments/lr_grid.py chooses rates on val_accuracy)
     "best_accuracy",
+    "lr",  # peak learning rate the point trained at (the recipe's, or the grid's rate)
+    "lr_stage",  # "grid": a learning-rate grid run; "seed": a seed run at the rate the grid chose; "" no grid
+    "val_samples",  # images held out of the training split (seeded by the point's seed) for validation; 0 = none
+    "val_accuracy",  # top-1 on that validation split after the last epoch; what a learning-rate grid chooses on
+    "trainer",  # loader (DataLoader, per-image transforms) | device (data and augmentation on the device)
     # JSON {"direction:distance": accuracy in [0, 1]} on tasks whose test images fall into buckets (reach); kept
     # in the row rather than a side file, so runs.csv stays the one file that holds every accuracy
     "accuracy_by_bucket",

@@ -125,7 +125,7 @@ def test_every_table_and_figure_is_written(report: tuple[Path, list[Path]]) -> N
     for table in ("costs", "exponents", "crossovers"):
         assert {f"tables/{table}.{ext}" for ext in ("csv", "md", "tex")} <= names
     figures = {"wall_patch-8", "wall_patch-16", "wall_train_patch-8", "wall_train_patch-16", "patch_resolution",
-               "accuracy_cost_synthetic"}
+               "accuracy_cost_synthetic", "accuracy_tokens"}  # trained at several N: accuracy against N
     # Named by what differs between figures only: nothing says "dataset", "epochs" or "none".
     assert {n.removeprefix("figures/").rsplit(".", 1)[0] for n in names if n.startswith("figures/")} == figures
     assert "summary.md" in names

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..lr_grid import format_rate
 from ..schema import KEY_COLUMNS
 from .timing import TimingProtocol
 
@@ -36,6 +37,9 @@ class Point:
     checkpoint_dir: str = ""  # where training checkpoints go, so a killed training point resumes
     erf_path: str = ""  # where a training point saves its effective receptive field maps (.npz); "" = none
     weights_path: str = ""  # where a training point saves its final weights (.safetensors); "" = none
+    # "grid": a learning-rate grid run; "seed": a seed run at the rate the grid chose (experiments/lr_grid.py);
+    # "seed?": a seed run whose rate the grid has yet to choose (a plan only); "" when the sweep has no grid
+    lr_stage: str = ""
 
     @property
     def tokens(self) -> int:
@@ -54,9 +58,16 @@ class Point:
         train = f" {self.dataset} x{self.epochs}ep" if self.epochs else ""
         compiled = f" compile={self.compile}" if self.compile else ""
         return (
-            f"{self.mixer} {self.preset}{extra} {self.img_size}px/p{self.patch_size} "
+            f"{self.mixer}{self._rate_label()} {self.preset}{extra} {self.img_size}px/p{self.patch_size} "
             f"N={self.tokens} b{self.batch_size} {self.dtype}{train}{compiled}"
         )
+
+    def _rate_label(self) -> str:
+        if not self.lr_stage:
+            return ""
+        if self.lr_stage == "seed?":
+            return f" lr=chosen s{self.seed}"
+        return f" lr={format_rate(json.loads(self.train)['lr'])} s{self.seed}"
 
 
 def canonical_json(value: dict) -> str:

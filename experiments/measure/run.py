@@ -125,7 +125,7 @@ def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[
     there (experiments/train/erf.py); with `point.weights_path`, the trained weights (experiments/train/weights.py).
     """
     from ..train.datasets import build_dataset
-    from ..train.recipe import TrainRecipe, evaluate_by_bucket, train_and_evaluate
+    from ..train.recipe import TrainRecipe, evaluate_by_bucket
 
     recipe = TrainRecipe(epochs=point.epochs, **json.loads(point.train))
     bundle = build_dataset(
@@ -141,9 +141,8 @@ def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[
 
         erf_images = torch.stack([bundle.test[i][0] for i in range(min(ERF_IMAGES, len(bundle.test)))]).to(device)
         erf_maps["init"] = erf_map(model.to(device), erf_images)
-    result = train_and_evaluate(model, bundle.train, bundle.test, recipe, device=device, dtype=dtype, seed=point.seed,
-                                checkpoint_dir=Path(point.checkpoint_dir) if point.checkpoint_dir else None)
-    row = result.to_row()
+    result, extra = _train(model, bundle, recipe, point, device, dtype)
+    row = {**result.to_row(), **extra}
     row["status"] = result.status
     if result.error:
         row["error"] = result.error
@@ -166,6 +165,40 @@ def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[
         key = {column: getattr(point, column) for column in KEY_COLUMNS if hasattr(point, column)}
         save_erf(Path(point.erf_path), erf_maps, key, point.patch_size)
     return row
+
+
+def _train(model: ViT, bundle, recipe, point: Point, device: torch.device,
+           dtype: torch.dtype) -> tuple[object, dict[str, object]]:
+    """Trains with the recipe's trainer; (its TrainResult, the rate and validation columns of the row)."""
+    import dataclasses
+
+    from torch.utils.data import DataLoader
+
+    checkpoint_dir = Path(point.checkpoint_dir) if point.checkpoint_dir else None
+    extra: dict[str, object] = {"lr": recipe.lr, "lr_stage": point.lr_stage, "trainer": recipe.trainer}
+    if recipe.trainer == "device":
+        from ..train.device_data import to_device
+        from ..train.device_trainer import train_on_device
+
+        train, test, view = to_device(bundle.train, bundle.test, device)
+        run = train_on_device(model, train, test, view, recipe, dtype=dtype, seed=point.seed,
+                              checkpoint_dir=checkpoint_dir, compile_mode=point.compile)
+        return run.result, {**extra, "val_samples": run.val_samples, "val_accuracy": run.val_accuracy}
+    from ..train.recipe import evaluate, train_and_evaluate
+    from ..train.validation import split_validation
+
+    train_set, val_set = split_validation(bundle.train, recipe.val_fraction, point.seed)
+    if val_set is not None:  # the data set already drew train_samples; what is left after the split is all used
+        recipe = dataclasses.replace(recipe, train_samples=None)
+    result = train_and_evaluate(model, train_set, bundle.test, recipe, device=device, dtype=dtype, seed=point.seed,
+                                checkpoint_dir=checkpoint_dir)
+    if val_set is None:
+        return result, {**extra, "val_samples": 0}
+    val_accuracy = None
+    if result.status == "ok":
+        loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False)
+        val_accuracy = evaluate(model, loader, device=device, dtype=dtype)
+    return result, {**extra, "val_samples": len(val_set), "val_accuracy": val_accuracy}
 
 
 def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: torch.device, row: dict) -> str:

@@ -30,6 +30,9 @@ from .claims import write_claims
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
 from .erf import erf_figures, erf_tables, load_maps, outdated_maps_line
 from .plots_accuracy import accuracy_figures
+from .plots_accuracy_n import accuracy_n_figures
+from .plots_lr import lr_figures
+from .rates import rate_lines
 from .reach import reach_figures, reach_summary_lines, reach_tables, separation_tables
 from .plots_cost import patch_figures, wall_figures
 from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
@@ -44,7 +47,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPT
 # Schema columns that hold text (JSON included); every other schema column is numeric.
 TEXT_COLUMNS: frozenset[str] = frozenset({
     "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "compile", "impl", "status", "error",
-    "accuracy_by_bucket",
+    "accuracy_by_bucket", "lr_stage", "trainer",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
     "python_version", "timestamp",
 })
@@ -64,7 +67,7 @@ TABLE_CAPTIONS: dict[str, str] = {
                 r"its parameters and cost.",
     "reach": r"Reach: top-1 accuracy (\%) per direction and mark distance, mean $\pm$ s.d. [95\% $t$ interval] "
              r"over seeds.",
-    "reach_separations": r"Reach buckets where one mixer's 95\% interval lies wholly above another's.",
+    "reach_separations": r"Reach buckets where Welch's $t$-test separates two mixers (two-sided, $p < 0.05$).",
     "erf": r"Radii (patches) around the centre token holding 50\% and 90\% of its effective receptive field.",
     "plan_accuracy": r"The cost planner's prediction against the measurement, per point that ran.",
 }
@@ -172,7 +175,7 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
         planner = plan_accuracy_summary(runs)
         if not planner.empty:
             text += "\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner)
-        reach_lines = report_tables.parameter_lines(runs) + reach_summary_lines(runs)
+        reach_lines = rate_lines(runs) + report_tables.parameter_lines(runs) + reach_summary_lines(runs)
         reach_lines += [line for line in [outdated_maps_line(sweep_dir, runs)] if line]
         if reach_lines:
             text += "\n" + "\n".join(reach_lines)
@@ -282,6 +285,8 @@ def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.Da
             paths += patch_figures(curves, out_dir)
         if not accuracy_rows(runs).empty:
             paths += accuracy_figures(runs, out_dir)
+            paths += accuracy_n_figures(runs, out_dir)
+            paths += lr_figures(runs, out_dir)
             paths += reach_figures(runs, out_dir)
     return paths
 
@@ -456,6 +461,9 @@ _FIGURE_CAPTIONS: dict[str, str] = {
     "patch_resolution": "Patch size against resolution: the same N from different (image, patch) pairs.",
     "accuracy_cost": "Accuracy against cost (mean and 95% interval over seeds), with the Pareto front of the "
                      "points above chance.",
+    "accuracy_tokens": "What each mixer buys as N grows: accuracy (each mixer at its chosen rate) above cost, "
+                       "against tokens.",
+    "lr_grid": "Learning-rate grid: validation accuracy against the rate, the chosen rate ringed.",
     "reach": "Reach: accuracy against mark distance per direction (mean and 95% interval over seeds).",
     "erf": "Effective receptive field of the centre token, per mixer, at initialisation and after training.",
 }

@@ -166,7 +166,11 @@ def _per_mixer(runs: pd.DataFrame, key: str) -> bool:
 
 
 def accuracy_rows(runs: pd.DataFrame) -> pd.DataFrame:
-    """The rows that trained for accuracy and have one: ok, with a non-empty `accuracy`."""
+    """The rows that trained for accuracy and have one: ok, with a non-empty `accuracy`; where a learning-rate
+    grid ran, only those at each setting's rate chosen on validation (`rates.at_chosen_rates`)."""
+    from .rates import at_chosen_rates
+
+    runs = at_chosen_rates(runs)
     return runs[(runs["status"] == "ok") & runs["accuracy"].notna()]
 
 

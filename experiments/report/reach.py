@@ -19,7 +19,7 @@ from .plots import (
     FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, facets, mixer_style,
     percent_error_bars,
 )
-from .stats import chance, seed_stats
+from .stats import ALPHA, TEST_NAME, chance, seed_stats, welch_p
 from .tables import MISSING, sort_rows
 
 DIRECTION_ORDER = ("horizontal", "vertical", "diagonal")
@@ -65,22 +65,31 @@ def _summarise(buckets: pd.DataFrame) -> pd.DataFrame:
     return sort_rows(summary, ["direction_rank", "distance", "mixer"]).drop(columns="direction_rank")
 
 
-def separations(summary: pd.DataFrame) -> pd.DataFrame:
-    """Pairs of mixers whose 95% intervals do not overlap in some bucket (same setting): better, worse, by how much."""
-    if summary.empty:
+def separations(buckets: pd.DataFrame) -> pd.DataFrame:
+    """Pairs of mixers that differ in some bucket (same setting) by Welch's t-test over seeds (`stats.welch_p`,
+    `stats.TEST_NAME`): better, worse, their means, the gap between the means and the p-value.
+
+    Args:
+        buckets: per-seed bucket rows (`bucket_rows`).
+    """
+    if buckets.empty:
         return pd.DataFrame()
-    setting = [k for k in (*COST_KEYS, *RECIPE_KEYS, "tokens") if k != "mixer" and k in summary]
+    setting = [k for k in (*COST_KEYS, *RECIPE_KEYS, "tokens") if k != "mixer" and k in buckets]
     # Mixers differ in their overrides (a parameter-matched mamba), so the setting a pair shares excludes them.
     setting = [k for k in setting if k != "overrides"]
     records = []
-    for values, sub in summary.groupby([*setting, "direction", "distance"], sort=False, dropna=False):
-        sub = sub[sub["seeds"] >= 2]
-        for _, a in sub.iterrows():
-            for _, b in sub.iterrows():
-                if a["mixer"] != b["mixer"] and a["ci_low"] > b["ci_high"]:
-                    records.append({"direction": a["direction"], "distance": a["distance"], "better": a["mixer"],
-                                    "worse": b["mixer"], "better_acc": a["accuracy"], "worse_acc": b["accuracy"],
-                                    "gap": a["ci_low"] - b["ci_high"], "seeds": min(a["seeds"], b["seeds"])})
+    for _, sub in buckets.groupby([*setting, "direction", "distance"], sort=False, dropna=False):
+        per_mixer = {m: g["bucket_accuracy"] for m, g in sub.groupby("mixer", sort=False)}
+        for a, acc_a in per_mixer.items():
+            for b, acc_b in per_mixer.items():
+                if a == b or not acc_a.mean() > acc_b.mean():
+                    continue
+                p = welch_p(acc_a, acc_b)
+                if p < ALPHA:
+                    records.append({"direction": sub["direction"].iloc[0], "distance": sub["distance"].iloc[0],
+                                    "better": a, "worse": b, "better_acc": acc_a.mean(), "worse_acc": acc_b.mean(),
+                                    "gap": acc_a.mean() - acc_b.mean(), "p_value": p,
+                                    "seeds": min(len(acc_a), len(acc_b))})
     return pd.DataFrame.from_records(records)
 
 
@@ -108,39 +117,40 @@ def _cell(row: pd.Series) -> str:
 
 
 def separation_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Buckets where one mixer's interval lies wholly above another's."""
-    pairs = separations(reach_summary(runs))
+    """Buckets where Welch's t-test separates two mixers (`stats.TEST_NAME`)."""
+    pairs = separations(bucket_rows(runs))
     if pairs.empty:
         return pairs, pd.DataFrame()
     display = pd.DataFrame({
         "Direction": pairs["direction"], "Distance (patches)": pairs["distance"].astype(str),
         "Better": pairs["better"], "Worse": pairs["worse"],
         "Acc. (%)": [f"{a:.1f} vs {b:.1f}" for a, b in zip(pairs["better_acc"], pairs["worse_acc"])],
-        "Gap between intervals (pts)": pairs["gap"].map(lambda v: f"{v:.1f}"), "n": pairs["seeds"].astype(str),
+        "Gap between means (pts)": pairs["gap"].map(lambda v: f"{v:.1f}"),
+        "p (Welch's t)": pairs["p_value"].map(lambda v: f"{v:.2g}"), "n": pairs["seeds"].astype(str),
     })
     return pairs, display
 
 
 def reach_summary_lines(runs: pd.DataFrame) -> list[str]:
-    """A summary section: how many buckets separate a pair of mixers, and the largest gaps."""
-    summary = reach_summary(runs)
+    """A summary section: how many buckets separate a pair of mixers (Welch's t-test), and the largest gaps."""
+    buckets = bucket_rows(runs)
+    summary = _summarise(buckets)
     if summary.empty:
         return []
-    pairs = separations(summary)
+    pairs = separations(buckets)
     seeds = int(summary["seeds"].min())
     lines = ["## Reach: does any distance or direction separate two mixers?", ""]
     if seeds < 2:
-        return lines + ["Only one seed per bucket: no interval, so no separation can be claimed.", ""]
+        return lines + ["Only one seed per bucket: no test, so no separation can be claimed.", ""]
     if pairs.empty:
-        return lines + [f"No: in no bucket does one mixer's 95% interval ({seeds}+ seeds) lie wholly above "
-                        "another's.", ""]
+        return lines + [f"No: in no bucket does {TEST_NAME} separate two mixers ({seeds}+ seeds).", ""]
     lines.append(f"Yes, in {pairs.groupby(['direction', 'distance']).ngroups} of "
-                 f"{summary.groupby(['direction', 'distance']).ngroups} buckets ({seeds}+ seeds, 95% t intervals "
-                 "not overlapping); the widest gaps:")
+                 f"{summary.groupby(['direction', 'distance']).ngroups} buckets by {TEST_NAME} ({seeds}+ seeds "
+                 "per mixer); the widest gaps:")
     lines.append("")
     for _, p in pairs.sort_values("gap", ascending=False).head(8).iterrows():
         lines.append(f"- {p['direction']} {p['distance']} patches: {p['better']} {p['better_acc']:.1f}% > "
-                     f"{p['worse']} {p['worse_acc']:.1f}% (gap {p['gap']:.1f} pts)")
+                     f"{p['worse']} {p['worse_acc']:.1f}% (gap {p['gap']:.1f} pts, p = {p['p_value']:.2g})")
     return lines + [""]
 
 

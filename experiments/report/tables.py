@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..lr_grid import format_rate
 from .stats import chance, seed_stats
 from .crossover import (
     COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank,
@@ -47,7 +48,8 @@ HEADERS: dict[str, str] = {
     "accuracy_ci_low": "Acc. 95% CI low (%)",
     "accuracy_ci_high": "Acc. 95% CI high (%)",
     "chance": "Chance (%)",
-    "best_accuracy": "Best acc. (%)",
+    "lr": "LR",
+    "val_accuracy": "Val. acc. (%)",
     "train_time_s": "Train time (s)",
     "status": "Status",
     "train_status": "Train step status",
@@ -189,7 +191,8 @@ def accuracy_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     shown += [k for k in accuracy_facet_keys(runs)] + list(POINT_KEYS)
     shown = list(dict.fromkeys(shown))
     spread = ["accuracy", "accuracy_sd", "accuracy_ci_low", "accuracy_ci_high", "seeds", "chance"]
-    values = [c for c in ("best_accuracy", "train_time_s") if c in table and table[c].notna().any()] + costs
+    # No best_accuracy: the best epoch on the test split is test-set selection (a diagnostic column of runs.csv).
+    values = [c for c in ("lr", "val_accuracy", "train_time_s") if c in table and table[c].notna().any()] + costs
     numeric = sort_rows(table[shown + spread + values], [k for k in shown if k not in POINT_KEYS] + ["patch_size", "tokens"])
     display = numeric[shown].astype(str)
     display["Top-1 acc. (%, mean ± s.d.)"] = [fmt_spread(m, s) for m, s in zip(numeric["accuracy"], numeric["accuracy_sd"])]
@@ -197,6 +200,8 @@ def accuracy_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     display["n"] = numeric["seeds"].astype(int).astype(str)
     display["Chance (%)"] = numeric["chance"].map(lambda v: fmt_number(v, 3))
     display = pd.concat([display, _metric_cells(numeric, [], values)], axis=1)
+    if "lr" in values:  # rates read as people write them (3e-4), not as 0.000300
+        display[HEADERS["lr"]] = numeric["lr"].map(lambda v: format_rate(v) if math.isfinite(v) else MISSING)
     return numeric.rename(columns=HEADERS), display.rename(columns=HEADERS)
 
 
@@ -205,7 +210,8 @@ def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accura
 
     Returns:
         The group columns, then accuracy, accuracy_sd, accuracy_ci_low, accuracy_ci_high, seeds, chance (percent;
-        NaN where unknown), and the mean best_accuracy and median train_time_s when the rows have them.
+        NaN where unknown), and the rate (when one), the mean val_accuracy (percent) and the median
+        train_time_s when the rows have them.
     """
     records = []
     for values, sub in rows.groupby(group, sort=False, dropna=False):
@@ -215,8 +221,10 @@ def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accura
         record.update(accuracy=stats["mean"], accuracy_sd=stats["sd"], accuracy_ci_low=stats["ci_low"],
                       accuracy_ci_high=stats["ci_high"], seeds=stats["n"],
                       chance=level * 100 if level is not None else math.nan)
-        if "best_accuracy" in sub:
-            record["best_accuracy"] = sub["best_accuracy"].mean() * 100
+        if "lr" in sub and sub["lr"].nunique() == 1:
+            record["lr"] = sub["lr"].iloc[0]
+        if "val_accuracy" in sub:
+            record["val_accuracy"] = sub["val_accuracy"].mean() * 100
         if "train_time_s" in sub:
             record["train_time_s"] = sub["train_time_s"].median()
         records.append(record)

@@ -19,6 +19,7 @@ from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
 from ..train.datasets import DATASET_NAMES, DatasetError
 from .config import ConfigError, SweepConfig, _digest, config_from_dict, load_config, named_configs
+from .lr_stages import seed_points, stage_lines
 from .plan import Budget, Planner, budget_order, load_note, plan_lines
 from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
 from .out_dir import OutDirError, SweepLock, check_out_dir
@@ -291,9 +292,13 @@ def _build_planner(config: SweepConfig, points: list[Point], args: argparse.Name
 def _dry_run(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> int:
     """Prints the plan: every point with its predicted cost, in the order a budgeted sweep would run them."""
     started = time.perf_counter()
+    from mixers import list_mixers
+
+    stage = seed_points(config, list_mixers(), latest_by_key(read_rows(config.out_dir / "runs.csv")))
+    points = points + stage.ready + stage.waiting  # the seed stage after the grid, as a sweep runs it
     planner = _build_planner(config, points, args)
     order = budget_order(points, {p.key: planner.predict(p) for p in points}) if args.budget_minutes else points
-    print("\n".join(plan_lines(planner, points, order, args.budget_minutes)))
+    print("\n".join(plan_lines(planner, points, order, args.budget_minutes) + stage_lines(config, points, stage)))
     print(f"(planned in {time.perf_counter() - started:.1f} s; {load_note()})")
     return 0
 
@@ -303,9 +308,11 @@ def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Nam
     started = time.perf_counter()
     planner = _build_planner(config, points, args) if not args.no_plan or args.budget_minutes else None
     try:
+        sweep_started = time.monotonic() - (time.perf_counter() - started)
         runs_path = run_sweep(config, points, retry_failed=args.retry_failed, progress=not args.quiet,
                               slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes,
-                              started=time.monotonic() - (time.perf_counter() - started))
+                              started=sweep_started)
+        runs_path = _run_seed_stage(config, args, planner, sweep_started) or runs_path
     except KeyboardInterrupt:
         print(f"\ninterrupted; rows written so far are kept in {config.out_dir / 'runs.csv'}; "
               "rerun the same command to resume", file=sys.stderr)
@@ -324,6 +331,19 @@ def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Nam
             return 2
         print(f"report: {len(written)} files in {config.out_dir}/ (summary: {config.out_dir / 'summary.md'})")
     return 0
+
+
+def _run_seed_stage(config: SweepConfig, args: argparse.Namespace, planner: Planner | None,
+                    started: float) -> Path | None:
+    """The seeds at each setting's chosen rate, once its learning-rate grid has rows (experiments/sweep/lr_stages.py)."""
+    from mixers import list_mixers
+
+    stage = seed_points(config, list_mixers(), latest_by_key(read_rows(config.out_dir / "runs.csv")))
+    print("\n".join(stage_lines(config, [], stage)))
+    if not stage.ready:
+        return None
+    return run_sweep(config, stage.ready, retry_failed=args.retry_failed, progress=not args.quiet,
+                     slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes, started=started)
 
 
 def check_environment(config: SweepConfig, dry_run: bool = False) -> None:

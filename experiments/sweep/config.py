@@ -67,6 +67,10 @@ class SweepConfig:
     overrides: dict = field(default_factory=dict)  # {"*" or mixer: {ViT field or "mixer_options": value}}
     timing: dict = field(default_factory=dict)  # TimingProtocol fields
     train: dict = field(default_factory=dict)  # TrainRecipe fields
+    # Learning rates to try per setting, chosen on validation (experiments/lr_grid.py, experiments/sweep/lr_stages.py):
+    # the grid runs at lr_grid_seeds (default: the first seed), then the other seeds at the chosen rate.
+    lr_grid: tuple[float, ...] = ()
+    lr_grid_seeds: tuple[int, ...] = ()
     runs: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
@@ -118,7 +122,6 @@ class SweepConfig:
         self._check_training()
         self._check_models(mixers)
         timing = TimingProtocol(**self.timing)
-        train = canonical_json(self.train) if self.epochs else "{}"
         checkpoints = self.out_dir / "checkpoints"
         points = [
             Point(
@@ -127,10 +130,10 @@ class SweepConfig:
                 epochs=self.epochs, seed=seed, overrides=canonical_json(self.model_overrides(mixer)),
                 timing=timing, measure_train_step=self.measure_train_step, memory_limit_mb=self.memory_limit_mb,
                 num_threads=self.num_threads, data_dir=self.data_dir, data_path=self.data_path, train=train,
-                timeout_s=self.timeout_s, compile="" if self.compile == "none" else self.compile,
+                timeout_s=self.timeout_s, compile="" if self.compile == "none" else self.compile, lr_stage=stage,
             )
-            for mixer, preset, img, patch, batch, seed in itertools.product(
-                mixers, self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self.seeds
+            for mixer, preset, img, patch, batch, (seed, train, stage) in itertools.product(
+                mixers, self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self._trainings()
             )
         ]
         if not self.epochs:
@@ -142,9 +145,28 @@ class SweepConfig:
                                     erf_path=str(erf / f"{_digest(p.key)}.npz") if self.erf else "")
                 for p in points]
 
+    @property
+    def grid_seeds(self) -> tuple[int, ...]:
+        """The seeds a learning-rate grid runs at."""
+        return self.lr_grid_seeds or self.seeds[:1]
+
+    def _trainings(self) -> list[tuple[int, str, str]]:
+        """(seed, recipe JSON, lr_stage) of the points of one setting: its seeds, or its learning-rate grid (the
+        seeds at the chosen rate come later: experiments/sweep/lr_stages.py)."""
+        if not self.epochs:
+            return [(seed, "{}", "") for seed in self.seeds]
+        if not self.lr_grid:
+            return [(seed, canonical_json(self.train), "") for seed in self.seeds]
+        return [(seed, canonical_json({**self.train, "lr": lr}), "grid")
+                for lr in self.lr_grid for seed in self.grid_seeds]
+
     def _check_training(self) -> None:
         if self.epochs == 0:
+            if self.lr_grid:
+                raise ConfigError("lr_grid: a learning-rate grid needs training (epochs > 0)")
             return
+        if self.lr_grid:
+            _check_lr_grid(self)
         if not self.dataset:
             raise ConfigError("dataset: epochs > 0 needs a data set (e.g. --dataset pathfinder)")
         if "epochs" in self.train:
@@ -174,6 +196,23 @@ class SweepConfig:
         return {**self.overrides.get("*", {}), **self.overrides.get(mixer, {})}
 
 
+def _check_lr_grid(config: SweepConfig) -> None:
+    """A grid chooses on validation accuracy, so the recipe must hold a validation split out."""
+    if any(not (isinstance(lr, float) and math.isfinite(lr) and lr > 0) for lr in config.lr_grid):
+        raise ConfigError(f"lr_grid must hold learning rates > 0, got {list(config.lr_grid)}")
+    if "lr" in config.train:
+        raise ConfigError("train.lr: the rate comes from lr_grid; remove lr from [train] (or lr_grid)")
+    if not config.train.get("val_fraction"):
+        raise ConfigError("lr_grid chooses each rate on a validation split: set train.val_fraction (e.g. 0.1)")
+    from ..train.recipe import TrainRecipe
+
+    for lr in config.lr_grid:
+        try:
+            TrainRecipe(epochs=config.epochs, **{**config.train, "lr": lr})
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"lr_grid: {error}") from None
+
+
 def _digest(key: tuple[str, ...]) -> str:
     return hashlib.sha1("\x1f".join(key).encode()).hexdigest()[:16]
 
@@ -191,6 +230,11 @@ def _as_field(name: str, value: object, where: str) -> object:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             raise ConfigError(f"{prefix}{name} must be a list of integers, got {value!r}")
         return tuple(values)
+    if kind == "tuple[float, ...]":
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise ConfigError(f"{prefix}{name} must be a list of numbers, got {value!r}")
+        return tuple(float(v) for v in values)
     if kind == "tuple[str, ...]":
         values = value if isinstance(value, (list, tuple)) else [value]
         if not all(isinstance(v, str) for v in values):

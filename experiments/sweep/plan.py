@@ -206,7 +206,7 @@ def calibration_points(points: list[Point], have: list[tuple[Point, dict]]) -> l
     by_group: dict[tuple, list[Point]] = {}
     for p in points:
         p = dataclasses.replace(p, epochs=0, dataset="", train="{}", checkpoint_dir="", timing=CALIBRATION_TIMING,
-                                batch_size=1, measure_train_step=any(q.measure_train_step for q in points))
+                                batch_size=1, measure_train_step=any(q.measure_train_step or q.epochs > 0 for q in points))
         by_group.setdefault((CostModel.group(p), p.preset, p.overrides), []).append(p)
     for (group, _, _), group_points in by_group.items():
         if len(covered.get(group, ())) >= 3:

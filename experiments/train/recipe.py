@@ -44,6 +44,7 @@ _LOG = logging.getLogger(__name__)
 # position information, which is why DeiT/timm and Swin list them in `no_weight_decay()`.
 POSITION_PARAM_NAMES = frozenset({"pos_embed", "cls_token", "relative_position_bias_table"})
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+TRAINERS = ("loader", "device")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ class TrainRecipe:
         num_workers: DataLoader worker processes (0 loads in the training process).
         eval_batch_size: images per forward at evaluation.
         train_samples: if set, train on this many images drawn once (seeded) from the training split.
+        val_fraction: share of the training images held out (seeded) as a validation split, on which a
+            learning-rate grid chooses (experiments/lr_grid.py); 0 holds none out.
+        trainer: "loader" (a DataLoader of per-image transforms, this module) or "device" (data held and
+            augmented in batches on the device, experiments/train/device_trainer.py).
     """
 
     epochs: int = 30
@@ -75,8 +80,15 @@ class TrainRecipe:
     num_workers: int = 0
     eval_batch_size: int = 256
     train_samples: int | None = None
+    val_fraction: float = 0.0
+    trainer: str = "loader"
 
     def __post_init__(self) -> None:
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"TrainRecipe.trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
+        _check_float("val_fraction", self.val_fraction)
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"TrainRecipe.val_fraction must be in [0, 1), got {self.val_fraction}")
         for name in ("epochs", "batch_size", "eval_batch_size"):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int("num_workers", self.num_workers, minimum=0)

@@ -1,0 +1,67 @@
+"""The report's view of a learning-rate grid: only the rows at each setting's chosen rate enter accuracy tables and
+figures, and the summary says which rate each mixer got and what the grid's validation accuracy was.
+
+The choice is `experiments.lr_grid.choose_rates`, the one the sweep used to plan the seeds, reading
+`val_accuracy` of the grid rows (`lr_stage = "grid"`) only. Rows of sweeps without a grid pass through unchanged.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from ..lr_grid import GRID_STAGE, RateChoice, choose_rates, format_rate, rate_group, rate_of, recipe_without_rate
+from .crossover import mixer_rank
+
+
+def grid_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of learning-rate grids."""
+    if "lr_stage" not in runs:
+        return runs.iloc[0:0]
+    return runs[runs["lr_stage"].astype(str) == GRID_STAGE]
+
+
+def rate_choices(runs: pd.DataFrame) -> dict[tuple[str, ...], RateChoice]:
+    """Per setting with a grid, its chosen rate."""
+    return choose_rates(grid_rows(runs).to_dict("records"))
+
+
+def at_chosen_rates(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` less the grid rows at rates not chosen; rows of a chosen setting get their rate in `lr` and a
+    recipe without it in `train`, so mixers trained at different rates share one table row layout and figure."""
+    choices = rate_choices(runs)
+    if not choices:
+        return runs
+    groups = [rate_group(row) for row in runs.to_dict("records")]
+    rates = [rate_of(str(t)) for t in runs["train"]]
+    keep = [g not in choices or choices[g].lr == r for g, r in zip(groups, rates)]
+    chosen = pd.Series([g in choices for g in groups], index=runs.index)
+    out = runs.assign(lr=[r if c else v for r, c, v in zip(rates, chosen, runs["lr"])])
+    out["train"] = [recipe_without_rate(str(t)) if c else t for t, c in zip(out["train"], chosen)]
+    return out[keep]
+
+
+def rate_lines(runs: pd.DataFrame) -> list[str]:
+    """A summary section: the rate each mixer got, the grid's validation accuracy per rate, and the seeds."""
+    grid = grid_rows(runs)
+    choices = rate_choices(runs)
+    if not choices:
+        return []
+    seeds = sorted({int(s) for s in grid["seed"]})
+    lines = ["## Learning rate per mixer (chosen on validation, never on test)", "",
+             f"Each setting trained once per rate of its grid at seed(s) {', '.join(map(str, seeds))}, on the "
+             "training split less a held-out validation split; the rate with the best mean validation accuracy "
+             "(ties: the smaller rate) is the one every table and figure uses, and the other seeds ran at it. "
+             "The grid's own run at that rate is the grid seed's row. Test accuracy chooses nothing.", ""]
+    first = {}
+    for row in grid.to_dict("records"):
+        first.setdefault(rate_group(row), row)
+    ordered = sorted(choices.items(), key=lambda item: (mixer_rank(first[item[0]]["mixer"]), item[0]))
+    for group, choice in ordered:
+        row = first[group]
+        curve = ", ".join(f"{format_rate(r)}: {100 * v:.1f}%" for r, v in choice.val_accuracy.items())
+        failed = f"; failed: {', '.join(format_rate(r) for r in choice.failed)}" if choice.failed else ""
+        val = int(row["val_samples"]) if math.isfinite(float(row.get("val_samples", math.nan))) else "?"
+        lines.append(f"- {row['mixer']} ({row['dataset']}, {int(row['img_size'])} px, patch {int(row['patch_size'])}):"
+                     f" lr {format_rate(choice.lr)} (validation accuracy {curve}{failed}; {val} validation images)")
+    return lines + [""]

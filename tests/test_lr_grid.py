@@ -1,0 +1,138 @@
+"""Per-setting learning rates chosen on the validation split, never on test: the choice, the sweep's two stages
+(grid, then the seeds at the chosen rate), the validation split's disjointness, and the report's use of it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.lr_grid import choose_rate, choose_rates
+from experiments.report.build import build_report, load_runs
+from experiments.report.crossover import accuracy_rows
+from experiments.sweep.__main__ import main
+from experiments.sweep.runs_file import read_rows
+from experiments.train.datasets import build_dataset
+from experiments.train.validation import split_validation, validation_indices
+
+import tiny_sweep
+
+TRAIN = '{"batch_size":32,"lr":%s,"val_fraction":0.2}'
+
+
+def grid_row(mixer: str, lr: float, seed: int, val: float, test: float, stage: str = "grid") -> dict:
+    return {"mixer": mixer, "preset": "micro", "overrides": "{}", "img_size": 16, "patch_size": 4, "batch_size": 1,
+            "device": "cpu", "dtype": "float32", "dataset": "reach", "epochs": 2, "seed": seed,
+            "train": TRAIN % lr, "compile": "", "status": "ok", "val_accuracy": val, "accuracy": test,
+            "best_accuracy": test, "lr": lr, "lr_stage": stage, "val_samples": 20, "tokens": 16, "params": 1000,
+            "gmacs": 0.001, "latency_ms": 1.0, "peak_mem_mb": 1.0}
+
+
+# Test accuracy (and its per-epoch maximum) favours 3e-3; validation favours 1e-3.
+ROWS = [grid_row("attention", 1e-3, 0, val=0.80, test=0.60), grid_row("attention", 3e-3, 0, val=0.70, test=0.90),
+        grid_row("attention", 1e-3, 1, val=0.0, test=0.62, stage="seed"),
+        grid_row("linear", 1e-3, 0, val=0.55, test=0.70), grid_row("linear", 3e-3, 0, val=0.65, test=0.52)]
+
+
+def test_choice_reads_validation_only() -> None:
+    choices = {group[0]: choice.lr for group, choice in choose_rates(ROWS).items()}
+    assert choices == {"attention": 1e-3, "linear": 3e-3}  # test accuracy would pick the other rate for both
+
+
+def test_ties_failed_rates_and_nothing_to_choose() -> None:
+    assert choose_rate({3e-3: [0.5], 1e-3: [0.5]}).lr == 1e-3  # ties: the smaller rate
+    choice = choose_rate({1e-3: [0.4, 0.6], 3e-3: [None], 1e-2: [""]})
+    assert choice.lr == 1e-3 and choice.val_accuracy == {1e-3: pytest.approx(0.5)} and choice.failed == (3e-3, 1e-2)
+    assert choose_rate({1e-3: [None]}) is None
+
+
+def test_report_keeps_rows_at_the_rate_chosen_on_validation(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(ROWS).to_csv(path, index=False)
+    rows = accuracy_rows(load_runs(path))
+    assert sorted(zip(rows["mixer"], rows["seed"], rows["lr"])) == [
+        ("attention", 0, 1e-3), ("attention", 1, 1e-3), ("linear", 0, 3e-3)]
+    assert rows["train"].nunique() == 1 and "lr" not in json.loads(rows["train"].iloc[0])  # one recipe, per-mixer rates
+
+
+def test_validation_split_is_disjoint_from_train_and_test(tmp_path: Path) -> None:
+    train_idx, val_idx = validation_indices(100, 0.2, seed=3)
+    assert len(val_idx) == 20 and not set(train_idx) & set(val_idx) and len(train_idx) + len(val_idx) == 100
+    assert not np.array_equal(val_idx, validation_indices(100, 0.2, seed=4)[1])  # seeded
+
+    # Every image carries its identity in its pixels: train ids 0..199, test ids 1000..1049.
+    def images(ids: np.ndarray) -> np.ndarray:
+        x = np.zeros((len(ids), 8, 8, 3), dtype=np.uint8)
+        x[:, :, :, 0], x[:, :, :, 1] = (ids // 256)[:, None, None], (ids % 256)[:, None, None]
+        return x
+
+    path = tmp_path / "ids.npz"
+    np.savez(path, x_train=images(np.arange(200)), y_train=np.zeros(200, np.uint8),
+             x_test=images(np.arange(1000, 1050)), y_test=np.zeros(50, np.uint8))
+    bundle = build_dataset("npz", data_path=path, img_size=8, train_samples=120, rand_augment="")
+    train, held_out = split_validation(bundle.train, 0.25, seed=0)
+
+    def ids(dataset) -> set[int]:
+        return {int(round(float(x[0, 0, 0] * s0 + m0) * 255)) * 256 + int(round(float(x[1, 0, 0] * s1 + m1) * 255))
+                for x, _ in (dataset[i] for i in range(len(dataset)))}
+
+    m0, m1 = bundle.mean[:2]
+    s0, s1 = bundle.std[:2]
+    used = {int(i) for i in bundle.train.images[train.indices][:, 0, 0, 0].astype(int) * 256
+            + bundle.train.images[train.indices][:, 0, 0, 1]}
+    val, test = ids(held_out), ids(bundle.test)
+    assert len(val) == 30 and len(used) == 90
+    assert not val & used and not val & test and val <= set(range(200))
+
+
+def grid_config(tmp_path: Path) -> Path:
+    text = tiny_sweep.tiny_config(["attention", "linear"], [16]).replace("patch_sizes = [8]", "patch_sizes = [4]")
+    head, timing = text.split("[timing]")
+    head += 'epochs = 1\ndataset = "reach"\nseeds = [0, 1]\nlr_grid = [1e-3, 3e-3]\n'
+    tail = '\n[train]\ntrain_samples = 80\nbatch_size = 32\nval_fraction = 0.25\ntrainer = "device"\n'
+    return tiny_sweep.write_config(tmp_path, head + "[timing]" + timing + tail)
+
+
+def test_sweep_runs_the_grid_then_the_seeds_at_the_chosen_rate(tmp_path: Path, capsys) -> None:
+    config, out = grid_config(tmp_path), tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out), "--dry-run", "--no-plan"]) == 0
+    plan = capsys.readouterr().out
+    assert "learning-rate grid: 4 points (rates 1e-3, 3e-3)" in plan and "2 waiting on the grid" in plan
+    assert plan.count("lr=chosen s1") == 2
+
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-plan", "--no-report"]) == 0
+    rows = read_rows(out / "runs.csv")
+    grid = [r for r in rows if r["lr_stage"] == "grid"]
+    seeds = [r for r in rows if r["lr_stage"] == "seed"]
+    assert len(grid) == 4 and {r["seed"] for r in grid} == {"0"} and len(seeds) == 2
+    assert all(r["val_samples"] == "20" and r["train_samples"] == "60" and r["trainer"] == "device" for r in rows)
+    for seed_row in seeds:
+        mine = {float(r["lr"]): float(r["val_accuracy"]) for r in grid if r["mixer"] == seed_row["mixer"]}
+        best = max(mine.values())
+        assert float(seed_row["lr"]) == min(lr for lr, v in mine.items() if v == best) and seed_row["seed"] == "1"
+    assert "chosen lr=" in capsys.readouterr().out
+
+    # Resumed: the grid rows are there, so a dry run now plans the seeds at their chosen rates.
+    assert main(["--config", str(config), "--out", str(out), "--dry-run", "--no-plan"]) == 0
+    assert "2 chosen from rows in runs.csv, 0 waiting" in capsys.readouterr().out
+    build_report(out)
+    summary = (out / "summary.md").read_text()
+    assert "## Learning rate per mixer (chosen on validation, never on test)" in summary
+    assert (out / "figures" / "lr_grid.png").exists()
+    assert "Best acc." not in (out / "tables" / "accuracy.md").read_text()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ('lr_grid = [1e-3]\n', "set train.val_fraction"),
+    ('lr_grid = [0.0]\n[train]\nval_fraction = 0.1\n', "lr_grid must hold learning rates > 0"),
+    ('lr_grid = [1e-3]\n[train]\nval_fraction = 0.1\nlr = 1e-3\n', "remove lr from [train]"),
+])
+def test_bad_grid_is_refused_with_one_line(tmp_path: Path, capsys, fields: str, message: str) -> None:
+    text = tiny_sweep.tiny_config(["attention"], [16]).split("[timing]")[0]
+    text += 'epochs = 1\ndataset = "reach"\n' + fields
+    config = tiny_sweep.write_config(tmp_path, text)
+    assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--dry-run", "--no-plan"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
