@@ -12,5 +12,8 @@ from . import attention_naive  # noqa: E402,F401  (registers "attention_naive")
 from . import swin  # noqa: E402,F401  (registers "swin")
 from . import linear  # noqa: E402,F401  (registers "linear")
 from . import mamba  # noqa: E402,F401  (registers "mamba")
+from . import neighborhood  # noqa: E402,F401  (registers "neighborhood")
+from . import vmamba  # noqa: E402,F401  (registers "vmamba")
+from . import gla  # noqa: E402,F401  (registers "gla")
 
 __all__ = ["Grid", "TokenMixer", "create_mixer", "get_mixer_class", "list_mixers", "register_mixer"]

@@ -177,3 +177,22 @@ def test_runs_without_out_never_resume_from_committed_references() -> None:
     values, source = load_config("default")
     assert config_from_dict(values, source).out_dir == Path("results/local/default")
     assert "results/local/" in (REPO / ".gitignore").read_text()
+
+
+def test_help_names_every_registered_mixer() -> None:
+    from experiments.sweep.__main__ import build_parser
+    from mixers import list_mixers
+
+    text = " ".join(build_parser().format_help().split())
+    assert not [m for m in list_mixers() if m not in text]
+
+
+def test_default_lists_its_mixers_so_a_new_mixer_does_not_grow_its_budget() -> None:
+    """The default's cost run named no mixers, so every mixer registered later joined it unasked (75 points became
+    111 with neighborhood, vmamba and gla); the lead adds one after timing it."""
+    from experiments.sweep.config import config_from_dict, load_config
+    from mixers import list_mixers
+
+    values, source = load_config("default")
+    mixers_run = {p.mixer for p in config_from_dict(values, source).points(list_mixers())}
+    assert mixers_run == {"attention", "attention_naive", "swin", "linear", "mamba"}

@@ -27,7 +27,9 @@ from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 
 # Flags that override config fields: flag name -> (field, argparse kwargs)
 _FIELD_FLAGS = {
-    "mixers": dict(nargs="+", metavar="NAME", help="mixers to run (registry keys); default: all registered"),
+    "mixers": dict(nargs="+", metavar="NAME", help="mixers to run, by registry key: attention, attention_naive, swin, "
+                   "linear, mamba, neighborhood, vmamba, gla, or any mixer registered in mixers/; default: the "
+                   "config's list, else every registered mixer"),
     "presets": dict(nargs="+", metavar="NAME", help="backbone presets: micro, tiny, small, base"),
     "img_sizes": dict(nargs="+", type=int, metavar="PX", help="input sides in pixels (square images)"),
     "patch_sizes": dict(nargs="+", type=int, metavar="PX", help="patch sides in pixels; must divide every image size"),

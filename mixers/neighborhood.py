@@ -1,0 +1,217 @@
+"""Neighbourhood attention (NAT, Hassani et al., CVPR 2023; NATTEN's semantics, dilation 1).
+
+Each query attends to the `k x k` keys centred on it; near a border the window is shifted inwards (not cropped), so
+every query sees exactly `k * k` keys. Along an axis of length n the window of a query at i starts at
+`clamp(i - k // 2, 0, n - k)` (NATTEN's `get_window_start`). A learned relative position bias, NAT's `rpb` of shape
+`(heads, 2k - 1, 2k - 1)`, adds `rpb[h, dy + k - 1, dx + k - 1]` for a key at offset (dy, dx) from its query
+(NATTEN's `get_pb_start` reduces to this offset rule).
+
+A grid smaller than the kernel along an axis clips the kernel to that axis: on a 3 x 20 grid with k = 7 every query
+attends to 3 x 7 keys, all three rows. NATTEN refuses such inputs; clipping keeps every token count of a resolution
+sweep valid, and the offsets still index inside the bias table.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from timm.layers import trunc_normal_
+from torch import Tensor, nn
+
+from .attention import qkv_and_proj
+from .base import Grid, TokenMixer, check_tokens
+from .registry import register_mixer
+
+NEIGHBORHOOD_IMPLS = ("auto", "gather", "flex")
+
+
+def clipped_kernel(grid: Grid, kernel_size: int) -> tuple[int, int]:
+    """The kernel's extent along each axis of `grid`: `kernel_size`, or the axis length where that is shorter."""
+    return min(kernel_size, grid[0]), min(kernel_size, grid[1])
+
+
+def window_start(index: Tensor, length: int, kernel: int) -> Tensor:
+    """First key position of the window of each query position along one axis (dilation 1)."""
+    return (index - kernel // 2).clamp(0, length - kernel)
+
+
+def neighbourhood_index(grid: Grid, kernel_size: int, table_side: int, device: torch.device | None = None,
+                        ) -> tuple[Tensor, Tensor]:
+    """Key indices and bias-table indices of every query's neighbourhood.
+
+    Args:
+        grid: token grid (H, W).
+        kernel_size: requested side of the neighbourhood (clipped per axis by `clipped_kernel`).
+        table_side: side of the bias table, 2 * kernel_size - 1.
+        device: where to build them.
+
+    Returns:
+        `keys (N, kh * kw)`: row-major token index of each key, in row-major order of the window;
+        `bias (N, kh * kw)`: flat index into the `(table_side, table_side)` bias table of each pair.
+    """
+    H, W = grid
+    kh, kw = clipped_kernel(grid, kernel_size)
+    centre = kernel_size - 1  # offset 0 sits at the middle of the table
+    rows = window_start(torch.arange(H, device=device), H, kh)[:, None] + torch.arange(kh, device=device)  # (H, kh)
+    cols = window_start(torch.arange(W, device=device), W, kw)[:, None] + torch.arange(kw, device=device)  # (W, kw)
+    key_r = rows[:, None, :, None].expand(H, W, kh, kw)  # (H, W, kh, kw)
+    key_c = cols[None, :, None, :].expand(H, W, kh, kw)  # (H, W, kh, kw)
+    dy = key_r - torch.arange(H, device=device)[:, None, None, None]
+    dx = key_c - torch.arange(W, device=device)[None, :, None, None]
+    keys = (key_r * W + key_c).reshape(H * W, kh * kw)
+    bias = ((dy + centre) * table_side + (dx + centre)).reshape(H * W, kh * kw)
+    return keys, bias
+
+
+def neighbourhood_mask_mod(grid: Grid, kernel_size: int) -> Callable:
+    """FlexAttention `mask_mod`: whether key `kv_idx` lies in the neighbourhood of query `q_idx` (row-major)."""
+    H, W = grid
+    kh, kw = clipped_kernel(grid, kernel_size)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        r0 = window_start(q_idx // W, H, kh)
+        c0 = window_start(q_idx % W, W, kw)
+        kr, kc = kv_idx // W, kv_idx % W
+        return (kr >= r0) & (kr < r0 + kh) & (kc >= c0) & (kc < c0 + kw)
+
+    return mask_mod
+
+
+@functools.cache
+def _flex() -> tuple[Callable, Callable] | None:
+    """(flex_attention, create_block_mask) where this torch has them, else None."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    return flex_attention, create_block_mask
+
+
+@functools.cache
+def _compiled_flex() -> Callable:
+    """flex_attention compiled once: eager flex materialises the scores; compiled, it is a fused block-sparse kernel."""
+    return torch.compile(_flex()[0], dynamic=False)
+
+
+@register_mixer("neighborhood")
+class NeighborhoodAttention(TokenMixer):
+    """Multi-head neighbourhood attention with NAT's relative position bias.
+
+    Two exact implementations, recorded in `impl`:
+    - `gather` (CPU, meta, and wherever FlexAttention is missing): each query's `kh * kw` keys and values are
+      gathered by a per-grid index, scores are `(1 x d) @ (d x kk)` batched matmuls, so the counters see exactly the
+      neighbourhood's work. Memory holds the gathered keys and values, `2 x N x kk x C` per image.
+    - `flex` (CUDA, where `torch.nn.attention.flex_attention` imports): compiled FlexAttention with a block mask
+      built from the neighbourhood rule and the bias as a `score_mod`. In raster order it computes whole 128 x 128
+      blocks that the mask touches, more than `macs` counts (which is the neighbourhood's work, as NATTEN does).
+    The per-grid indices and block masks are cached outside the state dict.
+
+    Parameters: `qkv` and `proj` as `attention`, plus the bias table `rpb`, `heads x (2k - 1)^2` numbers (338 at
+    two heads and k = 7): 2% above attention's count at the micro preset, 0.3% at tiny.
+
+    Args:
+        dim: token channels C.
+        num_heads: heads; `dim` must be divisible by it.
+        layer_idx: unused.
+        kernel_size: side k of the neighbourhood, odd (NAT uses 7).
+        qkv_bias: bias on the fused q, k, v projection.
+        rel_pos_bias: learn NAT's relative position bias; False gives plain neighbourhood attention.
+        impl: `auto` (flex on CUDA where it imports, gather otherwise), `gather` or `flex` (on a CPU flex runs
+            eagerly and forward only: for tests of its mask).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, kernel_size: int = 7, qkv_bias: bool = True,
+                 rel_pos_bias: bool = True, impl: str = "auto") -> None:
+        super().__init__()
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"neighborhood: kernel_size must be odd and >= 1 (a window centred on its query), "
+                             f"got {kernel_size}")
+        if impl not in NEIGHBORHOOD_IMPLS:
+            raise ValueError(f"neighborhood: unknown impl {impl!r}; choose one of {', '.join(NEIGHBORHOOD_IMPLS)}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.kernel_size = kernel_size
+        self.requested_impl = impl
+        self.qkv, self.proj = qkv_and_proj(dim, qkv_bias)
+        self.rpb = None
+        if rel_pos_bias:
+            self.rpb = nn.Parameter(torch.zeros(num_heads, 2 * kernel_size - 1, 2 * kernel_size - 1))
+            trunc_normal_(self.rpb, std=0.02)
+        self.impl = "not_run"
+        self._cache: dict[tuple, object] = {}  # per (grid, device): indices or block masks, not in the state dict
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, kernel_size={self.kernel_size}"
+
+    def _resolve_impl(self, device: torch.device) -> str:
+        if self.requested_impl == "flex":
+            if _flex() is None:
+                raise RuntimeError("neighborhood: impl='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
+            return "flex"
+        if self.requested_impl == "auto" and device.type == "cuda" and _flex() is not None:
+            return "flex"
+        return "gather"
+
+    def _indices(self, grid: Grid, device: torch.device) -> tuple[Tensor, Tensor]:
+        key = ("gather", grid, device)
+        if key not in self._cache:
+            with torch.inference_mode(False):  # a tensor made under inference_mode could not serve training later
+                self._cache[key] = neighbourhood_index(grid, self.kernel_size, 2 * self.kernel_size - 1, device)
+        return self._cache[key]
+
+    def _block_mask(self, grid: Grid, device: torch.device):
+        key = ("flex", grid, device)
+        if key not in self._cache:
+            n = grid[0] * grid[1]
+            with torch.inference_mode(False):
+                self._cache[key] = _flex()[1](neighbourhood_mask_mod(grid, self.kernel_size), None, None, n, n,
+                                              device=device)
+        return self._cache[key]
+
+    def _attend_gather(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        keys, bias_index = self._indices(grid, q.device)
+        k_n, v_n = k[:, :, keys], v[:, :, keys]  # (B, heads, N, kk, head_dim) each
+        scores = (q * self.scale).unsqueeze(-2) @ k_n.transpose(-2, -1)  # (B, heads, N, 1, kk)
+        if self.rpb is not None:
+            bias = self.rpb.flatten(1)[:, bias_index]  # (heads, N, kk)
+            scores = scores + bias.unsqueeze(-2).to(scores.dtype)
+        return (scores.softmax(dim=-1) @ v_n).squeeze(-2)  # (B, heads, N, head_dim)
+
+    def _attend_flex(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        W, side, centre = grid[1], 2 * self.kernel_size - 1, self.kernel_size - 1
+        score_mod = None
+        if self.rpb is not None:
+            table = self.rpb.flatten(1)  # (heads, side * side)
+
+            def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                # Clamped: the score_mod also sees masked pairs (eager flex evaluates every pair), whose offsets
+                # fall outside the table.
+                dy = (kv_idx // W - q_idx // W).clamp(-centre, centre)
+                dx = (kv_idx % W - q_idx % W).clamp(-centre, centre)
+                return score + table[h, (dy + centre) * side + (dx + centre)].to(score.dtype)
+
+        flex = _compiled_flex() if q.device.type == "cuda" else _flex()[0]
+        return flex(q, k, v, score_mod=score_mod, block_mask=self._block_mask(grid, q.device), scale=self.scale)
+
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        """Each token attends to its neighbourhood on `grid`; `x` is `(B, H * W, C)` in row-major order."""
+        check_tokens(x, grid)
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        # q, k, v: (B, heads, N, head_dim)
+        self.impl = self._resolve_impl(x.device)
+        if self.impl == "flex":
+            out = self._attend_flex(q, k, v, grid)
+        else:
+            out = self._attend_gather(q, k, v, grid)
+        return self.proj(out.transpose(1, 2).reshape(B, N, C))  # (B, N, C)
+
+    def macs(self, grid: Grid) -> int:
+        """Forward MACs for one image: q, k, v and output projections, then `q k^T` and `A v` over each query's
+        `kh x kw` keys. The bias gather, softmax and scaling are element-wise and not counted."""
+        n = grid[0] * grid[1]
+        kh, kw = clipped_kernel(grid, self.kernel_size)
+        return 4 * n * self.dim * self.dim + 2 * n * kh * kw * self.dim
