@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from ..schema import KEY_COLUMNS
+from ..schema import KEY_COLUMNS, MAX_BATCH
 from .timing import TimingProtocol
 
 
@@ -25,6 +25,7 @@ class Point:
     overrides: str = "{}"  # JSON: ViTConfig overrides and "mixer_options", sorted keys
     train: str = "{}"  # JSON of TrainRecipe fields; "{}" when epochs is 0
     compile: str = ""  # torch.compile mode; "" runs eager
+    timing_mode: str = "eager"  # eager | graphed (experiments/measure/graphed.py)
     # how to measure (not part of the key)
     timing: TimingProtocol = field(default_factory=TimingProtocol)
     measure_train_step: bool = True
@@ -35,10 +36,16 @@ class Point:
     timeout_s: float = 1800.0
     checkpoint_dir: str = ""  # where training checkpoints go, so a killed training point resumes
     erf_path: str = ""  # where a training point saves its effective receptive field maps (.npz); "" = none
+    device_peak_tflops: float = 0.0  # the sweep's matmul calibration (experiments/measure/peak.py); 0 = none
 
     @property
     def tokens(self) -> int:
         return (self.img_size // self.patch_size) ** 2
+
+    @property
+    def planned_batch(self) -> int:
+        """The batch a cost prediction assumes: batch_size, or for max the most it may try (an upper bound)."""
+        return self.timing.max_batch if self.batch_size == MAX_BATCH else self.batch_size
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -52,9 +59,11 @@ class Point:
         extra = f" {self.overrides}" if self.overrides != "{}" else ""
         train = f" {self.dataset} x{self.epochs}ep" if self.epochs else ""
         compiled = f" compile={self.compile}" if self.compile else ""
+        graphed = " graphed" if self.timing_mode == "graphed" else ""
+        batch = "max" if self.batch_size == MAX_BATCH else self.batch_size
         return (
             f"{self.mixer} {self.preset}{extra} {self.img_size}px/p{self.patch_size} "
-            f"N={self.tokens} b{self.batch_size} {self.dtype}{train}{compiled}"
+            f"N={self.tokens} b{batch}{graphed} {self.dtype}{train}{compiled}"
         )
 
 
