@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from ..runs_csv import OPTIONAL_KEYS
 from ..schema import KEY_COLUMNS
 from .crossover import mixer_rank
 from .plots import _save, facets
@@ -60,7 +61,10 @@ def load_maps(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
                 patch = int(f["patch_size"])
         except (OSError, KeyError, ValueError):
             continue  # a foreign or truncated file: not ours to report
-        if tuple(_key_text(key.get(c, "")) for c in KEY_COLUMNS) not in known:
+        # An optional key a map lacks (saved before the column) or left empty reads as runs.csv reads it.
+        key = {c: OPTIONAL_KEYS[c] if c in OPTIONAL_KEYS and not str(key.get(c, "")).strip() else key.get(c, "")
+               for c in KEY_COLUMNS}
+        if tuple(_key_text(key[c]) for c in KEY_COLUMNS) not in known:
             continue
         for stage, grad_map in maps.items():
             total = grad_map.sum()

@@ -222,12 +222,9 @@ def batch_size_arg(text: str) -> int | str:
     if text == "max":
         return text
     try:
-        value = int(text)
+        return int(text)  # the range is checked with the config's fields, in one message
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid batch size {text!r}: give an integer >= 1 or max") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid batch size {text!r}: give an integer >= 1 or max")
-    return value
 
 
 def check_fields(config: SweepConfig, where: str) -> None:
