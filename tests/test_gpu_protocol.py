@@ -125,7 +125,8 @@ def test_mfu_divides_achieved_flops_by_the_measured_peak() -> None:
 
 def test_sweep_records_the_calibration_both_regimes_and_max_batch(tmp_path: Path) -> None:
     text = tiny_sweep.tiny_config(["attention"], [16])
-    text = text.replace("patch_sizes = [8]", 'patch_sizes = [8]\nbatch_sizes = [1, "max"]\ntiming_modes = ["eager", "graphed"]')
+    text = text.replace("patch_sizes = [8]",
+                        'patch_sizes = [8]\nbatch_sizes = [1, "max"]\ntiming_modes = ["eager", "graphed"]')
     text = text.replace("min_time_s = 0.0", "min_time_s = 0.0\nmax_batch = 4")
     config, out = tiny_sweep.write_config(tmp_path, text), tmp_path / "out"
     assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report"]) == 0

@@ -8,7 +8,8 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
@@ -133,7 +134,7 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
     y = torch.randint(0, model.num_classes, (batch,), device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"capturable": True} if is_graphed else {}))
 
-    def autocast():  # a graph cannot hold autocast's weight cache
+    def autocast() -> AbstractContextManager:  # a graph cannot hold autocast's weight cache
         if dtype == torch.float32:
             return nullcontext()
         return torch.autocast(device.type, dtype=dtype, cache_enabled=not is_graphed)
@@ -163,7 +164,8 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
     }
 
 
-def _at_batch(measure, model: ViT, point: Point, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
+def _at_batch(measure: Callable[..., dict[str, object]], model: ViT, point: Point, dtype: torch.dtype,
+              device: torch.device) -> dict[str, object]:
     """`measure` at the point's batch, or at the largest that fits for batch size max (experiments/measure/
     throughput.py: a probe is one untimed call of the same measurement, with one repeat)."""
     if point.batch_size != MAX_BATCH:

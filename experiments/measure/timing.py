@@ -44,7 +44,8 @@ class TimingProtocol:
             raise ValueError(f"timing: warmup, min_time_s and min_sample_ms must be >= 0, got {self.warmup}, "
                              f"{self.min_time_s}, {self.min_sample_ms}")
         if not 1 <= self.min_repeats <= self.max_repeats:
-            raise ValueError(f"timing: need 1 <= min_repeats <= max_repeats, got {self.min_repeats}, {self.max_repeats}")
+            raise ValueError(f"timing: need 1 <= min_repeats <= max_repeats, got {self.min_repeats}, "
+                             f"{self.max_repeats}")
         if self.max_calls_per_sample < 1 or self.max_batch < 1:
             raise ValueError(f"timing: max_calls_per_sample and max_batch must be >= 1, got "
                              f"{self.max_calls_per_sample}, {self.max_batch}")

@@ -20,7 +20,8 @@ def reread(runs: pd.DataFrame) -> pd.DataFrame:
     if not timed_oom.any():
         return runs
     runs = runs.copy()
-    runs.loc[timed_oom, "error"] = [f"{FVCORE_NOTE}; {REREAD_NOTE}; was: {e}"[:500] for e in runs.loc[timed_oom, "error"]]
+    runs.loc[timed_oom, "error"] = [f"{FVCORE_NOTE}; {REREAD_NOTE}; was: {e}"[:500]
+                                    for e in runs.loc[timed_oom, "error"]]
     runs.loc[timed_oom, "status"] = "ok"
     return runs
 

@@ -33,7 +33,8 @@ def extra_summary_lines(runs: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
     lines = [
         "## Rate, regimes and row identity",
         "",
-        f"- device peak (a dense matmul timed at the sweep's start, in the sweep's dtype; MFU divides by it): {peak_text}",
+        "- device peak (a dense matmul timed at the sweep's start, in the sweep's dtype; MFU divides by it): "
+        + peak_text,
         "- achieved TFLOP/s: inference 2 x analytic MACs x batch / latency; training step: FlopCounterMode's "
         "forward + backward FLOPs on the meta device x batch / step time (the optimizer is not counted)",
         "- timing: " + "; ".join(TIMING_TEXT.get(m, m) for m in sorted(set(runs["timing_mode"]))),
