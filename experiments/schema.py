@@ -20,10 +20,17 @@ KEY_COLUMNS: tuple[str, ...] = (
     "seed",
     "train",  # JSON of the training recipe fields set by the config ("{}" when epochs is 0 or all defaults)
     "compile",  # torch.compile mode ("default", "max-autotune", ...); "" for eager, as in files older than it
+    # how latency was timed: eager (calls issued from Python; on a GPU k back-to-back calls between two CUDA
+    # events) | graphed (one CUDA graph replayed); "eager" in files older than it
+    "timing_mode",
 )
 
 # Key columns added after runs.csv files were written, with the value a row that lacks them means.
-OPTIONAL_KEY_COLUMNS: dict[str, str] = {"compile": ""}
+OPTIONAL_KEY_COLUMNS: dict[str, str] = {"compile": "", "timing_mode": "eager"}
+
+# `batch_size` 0 in a key: the largest power-of-two batch that fits, found when the point runs ("max" in a config);
+# the batches it used are in `batch_used` and `train_batch_used`.
+MAX_BATCH = 0
 
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     # what was built
@@ -48,14 +55,25 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "latency_ms",  # median over repeats
     "latency_iqr_ms",  # interquartile range
     "latency_repeats",
-    "throughput_img_s",  # batch_size / median latency
+    "latency_calls_per_sample",  # k calls timed back to back per sample (latency = sample / k); empty: 1, synced
+    "batch_used",  # the inference batch measured: batch_size, or the one found for batch_size 0 (max)
+    "throughput_img_s",  # batch_used / median latency
     "peak_mem_mb",  # peak bytes allocated during one forward, above the baseline (MiB = 2^20 bytes)
+    "peak_mem_total_mb",  # peak bytes allocated during one forward, weights and input included (a user's view)
     "peak_mem_reserved_mb",  # CUDA caching allocator's reserved peak; empty on CPU
+    # achieved rate: inference FLOPs = 2 x macs_analytic x batch_used; the peak is measured at the sweep's start
+    "achieved_tflops",  # inference FLOPs / median latency, in 10^12 FLOP/s
+    "device_peak_tflops",  # a dense matmul's rate on this device in this dtype, measured (experiments/measure/peak.py)
+    "mfu",  # achieved_tflops / device_peak_tflops, in [0, 1]
     # speed, one training step (forward, backward, optimizer step)
     "train_step_ms",
     "train_step_iqr_ms",
     "train_throughput_img_s",
     "train_peak_mem_mb",
+    "train_batch_used",  # the training-step batch measured (batch_size, or the one found for max)
+    "train_flops_counted",  # forward + backward FLOPs of one image, FlopCounterMode on the meta device
+    "train_achieved_tflops",  # train_flops_counted x train_batch_used / median train step
+    "train_mfu",  # train_achieved_tflops / device_peak_tflops
     "train_status",  # ok | oom | skipped (a smaller point's train step ran out of memory) | "" when not measured
     "memory_method",  # how peak memory was read (cuda_allocator | cpu_profiler)
     # accuracy (when epochs > 0)
@@ -79,6 +97,8 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "commit",
     "dirty",  # True when the working tree had uncommitted changes
     "torch_version",
+    "triton_version",  # empty where triton is not installed
+    "mamba_ssm_version",  # empty where mamba-ssm is not installed
     "cuda_version",
     "device_name",
     "cpu_threads",

@@ -36,6 +36,8 @@ from torch.utils.benchmark import Measurement, Timer
 
 from mixers.selective_scan import resolve_scan_impl, selective_scan, selective_scan_loop, selective_scan_reference
 
+from .record import provenance_columns, provenance_line, write_rows
+
 GET_SOURCE = (
     "MAMBA_SKIP_CUDA_BUILD=TRUE pip download --no-deps --no-binary :all: --no-build-isolation "
     "mamba-ssm==2.3.2.post1 -d /tmp/mamba_src && tar xzf /tmp/mamba_src/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba_src"
@@ -134,7 +136,8 @@ def bench_cuda(
     if resolve_scan_impl("auto", torch.device("cuda"), dtype) == "mamba_ssm_cuda":
         impls.insert(0, "mamba_ssm_cuda")
     print(f"selective scan on {torch.cuda.get_device_name()}, B={batch} D={channels} N={d_state}, {dtype} inputs, "
-          f"with D, z, delta_bias, softplus; torch {torch.__version__}; implementations: {', '.join(impls)}\n")
+          f"with D, z, delta_bias, softplus; torch {torch.__version__}; implementations: {', '.join(impls)}")
+    print(provenance_line(provenance_columns(torch.device("cuda"), repeats)) + "\n")
     rows = []
     for length in lengths:
         cpu_inputs = make_inputs(batch, channels, length, d_state, seed)
@@ -188,9 +191,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: time the GPU implementations over L = 1K..64K instead (see bench_cuda)")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="input dtype with --device cuda")
+    parser.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                        help="where the rows go, with provenance columns (default: "
+                             "results/local/bench/scan_<device>_<dtype>.csv)")
     args = parser.parse_args(argv)
+    dtype_name = args.dtype if args.device == "cuda" else "fp32"
+    csv_path = args.csv or Path("results/local/bench") / f"scan_{args.device}_{dtype_name}.csv"
     if args.device == "cuda":
-        bench_cuda(dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32, seed=args.seed)
+        repeats = 5
+        cuda_rows = bench_cuda(dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32, seed=args.seed,
+                               repeats=repeats)
+        prov = provenance_columns(torch.device("cuda"), repeats)
+        table = [{"length": length, "implementation": impl, "pass": pass_name, "median_ms": ms, "iqr_ms": iqr,
+                  "dtype": dtype_name, **prov} for length, impl, pass_name, ms, iqr in cuda_rows]
+        print(f"rows: {write_rows(csv_path, table)}")
         return
 
     torch.set_num_threads(args.num_threads)
@@ -212,8 +226,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"could not load selective_scan_ref from {args.mamba_src} ({err}); timing our scans only. "
                   f"Get the source with:\n  {GET_SOURCE}\n")
 
+    prov = provenance_columns(torch.device("cpu"), args.repeats)
     print(f"selective scan, B={args.batch} D={args.channels} L={args.length} N={args.d_state}, fp32, "
-          f"with D, z, delta_bias, softplus; torch {torch.__version__}, {args.num_threads} thread(s)\n")
+          f"with D, z, delta_bias, softplus; torch {torch.__version__}, {args.num_threads} thread(s)")
+    print(provenance_line(prov) + "\n")
     rows = []
     for name, scan in scans.items():
         def forward(scan=scan) -> None:
@@ -230,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
             m = time_it(fn, args.num_threads, args.repeats, args.block_seconds)
             rows.append((name, pass_name, m.median * 1e3, m.iqr * 1e3))
 
+    write_rows(csv_path, [{"length": args.length, "implementation": n, "pass": p, "median_ms": ms, "iqr_ms": iqr,
+                           "dtype": "fp32", "num_threads": args.num_threads, **prov} for n, p, ms, iqr in rows])
     base = {p: ms for n, p, ms, _ in rows if n == ref_name}
     print(f"| {'implementation':<30} | {'pass':<7} | {'median ms':>9} | {'IQR ms':>7} | {'speed-up vs ref':>15} |")
     print(f"|{'-' * 32}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 17}|")
@@ -258,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"max abs over grads {max(diffs[k] for k in ref if k != 'y'):.2e}")
     print(f"\nmedian of per-case IQR/median: {statistics.median(iqr / ms for *_, ms, iqr in rows):.2f} "
           "(CPU timings on shared machines are noisy; compare ratios within one run)")
+    print(f"rows: {csv_path}")
 
 
 if __name__ == "__main__":

@@ -67,3 +67,12 @@ def flop_counter_flops(model: nn.Module, example: torch.Tensor) -> int:
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(example)
     return int(counter.get_total_flops())
+
+
+def flop_counter_train_flops(model: nn.Module, example: torch.Tensor, target: torch.Tensor) -> int:
+    """FLOPs of one training step's forward and backward (cross-entropy on `target`), counted by FlopCounterMode;
+    on the meta device it needs no memory."""
+    with FlopCounterMode(display=False) as counter:
+        loss = nn.functional.cross_entropy(model(example), target)
+        loss.backward()
+    return int(counter.get_total_flops())

@@ -24,6 +24,7 @@ class PeakMemory:
     allocated_mb: float  # peak bytes allocated during the call minus bytes allocated before it
     reserved_mb: float | None  # CUDA caching allocator's reserved peak; None on CPU
     method: str  # cuda_allocator | cpu_profiler
+    total_mb: float | None = None  # CUDA: peak bytes allocated by the process during the call; None on CPU
 
 
 def peak_memory(fn: Callable[[], object], device: torch.device) -> PeakMemory:
@@ -38,6 +39,7 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> PeakMemory:
             allocated_mb=(torch.cuda.max_memory_allocated(device) - baseline) / MiB,
             reserved_mb=torch.cuda.max_memory_reserved(device) / MiB,
             method="cuda_allocator",
+            total_mb=torch.cuda.max_memory_allocated(device) / MiB,
         )
     return PeakMemory(allocated_mb=cpu_peak_bytes(fn) / MiB, reserved_mb=None, method="cpu_profiler")
 

@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from ..lr_grid import format_rate
-from ..schema import KEY_COLUMNS
+from ..schema import KEY_COLUMNS, MAX_BATCH
 from .timing import TimingProtocol
 
 
@@ -26,6 +26,7 @@ class Point:
     overrides: str = "{}"  # JSON: ViTConfig overrides and "mixer_options", sorted keys
     train: str = "{}"  # JSON of TrainRecipe fields; "{}" when epochs is 0
     compile: str = ""  # torch.compile mode; "" runs eager
+    timing_mode: str = "eager"  # eager | graphed (experiments/measure/graphed.py)
     # how to measure (not part of the key)
     timing: TimingProtocol = field(default_factory=TimingProtocol)
     measure_train_step: bool = True
@@ -40,10 +41,16 @@ class Point:
     # "grid": a learning-rate grid run; "seed": a seed run at the rate the grid chose (experiments/lr_grid.py);
     # "seed?": a seed run whose rate the grid has yet to choose (a plan only); "" when the sweep has no grid
     lr_stage: str = ""
+    device_peak_tflops: float = 0.0  # the sweep's matmul calibration (experiments/measure/peak.py); 0 = none
 
     @property
     def tokens(self) -> int:
         return (self.img_size // self.patch_size) ** 2
+
+    @property
+    def planned_batch(self) -> int:
+        """The batch a cost prediction assumes: batch_size, or for max the most it may try (an upper bound)."""
+        return self.timing.max_batch if self.batch_size == MAX_BATCH else self.batch_size
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -57,9 +64,11 @@ class Point:
         extra = f" {self.overrides}" if self.overrides != "{}" else ""
         train = f" {self.dataset} x{self.epochs}ep" if self.epochs else ""
         compiled = f" compile={self.compile}" if self.compile else ""
+        graphed = " graphed" if self.timing_mode == "graphed" else ""
+        batch = "max" if self.batch_size == MAX_BATCH else self.batch_size
         return (
             f"{self.mixer}{self._rate_label()} {self.preset}{extra} {self.img_size}px/p{self.patch_size} "
-            f"N={self.tokens} b{self.batch_size} {self.dtype}{train}{compiled}"
+            f"N={self.tokens} b{batch}{graphed} {self.dtype}{train}{compiled}"
         )
 
     def _rate_label(self) -> str:

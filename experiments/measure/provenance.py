@@ -67,6 +67,16 @@ def math_settings(device: torch.device) -> dict[str, object]:
     }
 
 
+def package_version(name: str) -> str:
+    """The installed version of a distribution (e.g. "triton", "mamba-ssm"); "" where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return ""
+
+
 def provenance(device: torch.device) -> dict[str, object]:
     """The provenance columns of a row (see experiments/schema.py)."""
     commit, dirty = git_state()
@@ -74,6 +84,8 @@ def provenance(device: torch.device) -> dict[str, object]:
         "commit": commit,
         "dirty": dirty,
         "torch_version": torch.__version__,
+        "triton_version": package_version("triton"),
+        "mamba_ssm_version": package_version("mamba-ssm"),
         "cuda_version": torch.version.cuda or "",
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),

@@ -4,21 +4,27 @@ Called inside an isolated worker (experiments/sweep/isolation.py), so an out-of-
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
 
 from models import ViT, create_vit
 
-from .counting import flop_counter_flops, fvcore_macs
-from .memory import peak_memory
+from ..schema import MAX_BATCH
+from . import graphed
+from .counting import flop_counter_flops, flop_counter_train_flops, fvcore_macs
+from .memory import MiB, peak_memory
 from .point import Point
 from .provenance import provenance
-from .timing import time_call
+from .rates import add_rates
+from .throughput import at_max_batch
+from .timing import TimingProtocol, time_call
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ERF_IMAGES = 64  # test images the effective receptive field maps average over
@@ -70,51 +76,106 @@ def count_on_meta(point: Point, in_chans: int, num_classes: int) -> int:
     return flop_counter_flops(model, example)
 
 
-def measure_inference(model: ViT, point: Point, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
+def count_train_on_meta(point: Point, in_chans: int, num_classes: int) -> int | None:
+    """FlopCounterMode FLOPs of one image's training step (forward and backward) on the meta device, so what
+    the backward recomputes (attention's softmax) is counted, not guessed; None where an op has no meta kernel."""
+    model = build_model(point, num_classes=num_classes, in_chans=in_chans, device="meta").train()
+    example = torch.empty(1, in_chans, point.img_size, point.img_size, device="meta")
+    try:
+        return flop_counter_train_flops(model, example, torch.zeros(1, dtype=torch.long, device="meta"))
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def measure_inference(model: ViT, point: Point, dtype: torch.dtype, device: torch.device,
+                      batch: int | None = None) -> dict[str, object]:
+    """Latency, throughput and peak memory of one forward at `batch` (default: the point's), timed in the point's
+    `timing_mode`; memory is read from an eager call in both modes."""
+    batch = batch or point.batch_size
     model.eval().to(dtype)
-    x = torch.randn(point.batch_size, model.in_chans, *model.img_size, device=device, dtype=dtype)
+    x = torch.randn(batch, model.in_chans, *model.img_size, device=device, dtype=dtype)
 
     def forward() -> None:
         with torch.inference_mode():
             model(x)
 
-    timing = time_call(forward, device, point.timing)
+    timed = graphed.capture(forward, device) if point.timing_mode == "graphed" else forward
+    timing = time_call(timed, device, point.timing)
     memory = peak_memory(forward, device)
+    resident = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers(), x))
     return {
         "latency_ms": timing.median_ms,
         "latency_iqr_ms": timing.iqr_ms,
         "latency_repeats": timing.repeats,
-        "throughput_img_s": point.batch_size / (timing.median_ms / 1e3),
+        "latency_calls_per_sample": timing.calls_per_sample,
+        "batch_used": batch,
+        "throughput_img_s": batch / (timing.median_ms / 1e3),
         "peak_mem_mb": memory.allocated_mb,
+        # CUDA's allocator counts everything the process holds; on a CPU, weights and input are added by hand.
+        "peak_mem_total_mb": memory.total_mb if memory.total_mb is not None
+        else memory.allocated_mb + resident / MiB,
         "peak_mem_reserved_mb": memory.reserved_mb,
         "memory_method": memory.method,
         "impl": model.impl,
     }
 
 
-def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
-    """One optimizer step on random data: fp32 master weights, autocast to `dtype` when it is not float32."""
-    model.train().float()
-    x = torch.randn(point.batch_size, model.in_chans, *model.img_size, device=device)
-    y = torch.randint(0, model.num_classes, (point.batch_size,), device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: torch.device,
+                       batch: int | None = None) -> dict[str, object]:
+    """One optimizer step on random data: fp32 master weights, autocast to `dtype` when it is not float32.
 
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast:
+    Graphed, the step is captured whole (forward, backward, AdamW with capturable state), as PyTorch's
+    whole-network capture recipe does; a step that cannot be captured raises `graphed.GraphUnavailable`.
+    """
+    batch = batch or point.batch_size
+    is_graphed = point.timing_mode == "graphed"
+    model.train().float()
+    x = torch.randn(batch, model.in_chans, *model.img_size, device=device)
+    y = torch.randint(0, model.num_classes, (batch,), device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"capturable": True} if is_graphed else {}))
+
+    def autocast() -> AbstractContextManager:  # a graph cannot hold autocast's weight cache
+        if dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(device.type, dtype=dtype, cache_enabled=not is_graphed)
+
+    def forward_backward() -> None:
+        with autocast():
             loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
 
-    timing = time_call(step, device, point.timing)  # warm-up also creates the optimizer state
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        forward_backward()
+
+    if is_graphed:
+        replay = graphed.capture(forward_backward, device, warmup=step)
+        timing = time_call(replay, device, point.timing)
+    else:
+        timing = time_call(step, device, point.timing)  # warm-up also creates the optimizer state
     memory = peak_memory(step, device)
     return {
         "train_step_ms": timing.median_ms,
         "train_step_iqr_ms": timing.iqr_ms,
-        "train_throughput_img_s": point.batch_size / (timing.median_ms / 1e3),
+        "train_batch_used": batch,
+        "train_throughput_img_s": batch / (timing.median_ms / 1e3),
         "train_peak_mem_mb": memory.allocated_mb,
     }
+
+
+def _at_batch(measure: Callable[..., dict[str, object]], model: ViT, point: Point, dtype: torch.dtype,
+              device: torch.device) -> dict[str, object]:
+    """`measure` at the point's batch, or at the largest that fits for batch size max (experiments/measure/
+    throughput.py: a probe is one untimed call of the same measurement, with one repeat)."""
+    if point.batch_size != MAX_BATCH:
+        return measure(model, point, dtype, device)
+    probe_point = dataclasses.replace(point, timing=TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0,
+                                                                  min_sample_ms=0.0))
+    _, row = at_max_batch(lambda batch: measure(model, point, dtype, device, batch),
+                          lambda batch: measure(model, probe_point, dtype, device, batch),
+                          point.timing.max_batch, lambda: _free(device))
+    return row
 
 
 def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[str, object]:
@@ -204,8 +265,11 @@ def _train(model: ViT, bundle, recipe, point: Point, device: torch.device,
 def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: torch.device, row: dict) -> str:
     """Measures the training step into `row`; returns the out-of-memory message instead of raising one."""
     try:
-        row.update(measure_train_step(model, point, dtype, device))
+        row.update(_at_batch(measure_train_step, model, point, dtype, device))
         row["train_status"] = "ok"
+        return ""
+    except graphed.GraphUnavailable as error:  # the inference stands; the step's row says why it has no time
+        row["train_status"], row["error"] = "error", f"train step: {error}"
         return ""
     except Exception as error:  # noqa: BLE001
         if not is_out_of_memory(error):
@@ -264,9 +328,11 @@ def measure_point(point: Point) -> dict[str, object]:
         model = build_model(point)
         row.update(describe(point, model))
         row["flops_counted"] = count_on_meta(point, model.in_chans, model.num_classes)
+        if point.measure_train_step:
+            row["train_flops_counted"] = count_train_on_meta(point, model.in_chans, model.num_classes)
         # A compiled module wraps the model and shares its parameters; warm-up calls absorb the compilation.
         timed = torch.compile(model, mode=point.compile) if point.compile else model
-        row.update(measure_inference(timed, point, dtype, device))
+        row.update(_at_batch(measure_inference, timed, point, dtype, device))
         if point.measure_train_step:
             train_oom = _train_step_or_oom(timed, point, dtype, device, row)
             if train_oom:  # inference results stand; the training wall is its own data point
@@ -282,6 +348,7 @@ def measure_point(point: Point) -> dict[str, object]:
     if "macs_analytic" in row:  # known even past the memory wall, so cost curves continue there
         row["gmacs"] = row["macs_analytic"] / 1e9
         row["gflops"] = 2 * row["gmacs"]
+    row.update(add_rates(row, point.device_peak_tflops))
     row.update(provenance(device))
     row["point_seconds"] = time.perf_counter() - started
     return row

@@ -36,6 +36,10 @@ from .rates import rate_lines
 from .reach import reach_figures, reach_summary_lines, reach_tables, separation_tables
 from .plots_cost import patch_figures, wall_figures
 from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
+from .identity import keep_rows
+from .legacy_rows import reread
+from .plots_mfu import mfu_figures
+from .summary_extra import extra_summary_lines, headline_mfu_lines
 from .crossover import (
     FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
 )
@@ -49,7 +53,7 @@ TEXT_COLUMNS: frozenset[str] = frozenset({
     "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "compile", "impl", "status", "error",
     "accuracy_by_bucket", "lr_stage", "trainer",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
-    "python_version", "timestamp",
+    "python_version", "timestamp", "timing_mode", "triton_version", "mamba_ssm_version",
 })
 
 # Numeric columns that place a point: a row without them is unusable.
@@ -82,7 +86,8 @@ def load_runs(path: Path) -> pd.DataFrame:
 
     Cells are read as text, so that an empty cell stays empty instead of turning a text column into floats,
     then the numeric schema columns are converted. A point measured twice (a rerun) keeps its last ok row, or
-    its last row if none is ok.
+    its last row if none is ok; two implementations under one key are kept apart (`identity.keep_rows`), and
+    rows of older code are read as today's (`legacy_rows.reread`).
 
     Args:
         path: the runs.csv file.
@@ -107,7 +112,7 @@ def load_runs(path: Path) -> pd.DataFrame:
         raise ReportError(f"{path} is missing required column(s): {', '.join(missing)}")
     if runs.empty:
         raise ReportError(f"{path} has a header but no rows")
-    return _deduplicate(_convert_numeric(runs, path))
+    return keep_rows(reread(_convert_numeric(runs, path)))
 
 
 def _convert_numeric(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -130,13 +135,6 @@ def _convert_numeric(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
     for column in ("status", "train_status"):
         runs[column] = runs[column].str.strip().str.lower()
     return runs
-
-
-def _deduplicate(runs: pd.DataFrame) -> pd.DataFrame:
-    """Keep one row per key: the last ok row of a point, else its last row."""
-    ranked = runs.assign(_ok=runs["status"] == "ok", _line=range(len(runs)))
-    kept = ranked.sort_values(["_ok", "_line"]).drop_duplicates(list(KEY_COLUMNS), keep="last")
-    return kept.sort_values("_line").drop(columns=["_ok", "_line"]).reset_index(drop=True)
 
 
 def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
@@ -175,6 +173,7 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
         planner = plan_accuracy_summary(runs)
         if not planner.empty:
             text += "\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner)
+        text += "\n" + "\n".join(extra_summary_lines(runs, cost_curve_rows(runs)))
         reach_lines = rate_lines(runs) + report_tables.parameter_lines(runs) + reach_summary_lines(runs)
         reach_lines += [line for line in [outdated_maps_line(sweep_dir, runs)] if line]
         if reach_lines:
@@ -280,6 +279,7 @@ def write_figures(runs: pd.DataFrame, exponents: pd.DataFrame, crossovers: pd.Da
     with matplotlib.rc_context(RC):
         paths = wall_figures(curves, exponents, crossovers, out_dir, WALL_PANELS, "wall")
         paths += wall_figures(curves, exponents, crossovers, out_dir, TRAIN_WALL_PANELS, "wall_train")
+        paths += mfu_figures(curves, out_dir)
         # Only a grid of image sizes x patch sizes reaches one N in several ways.
         if curves["patch_size"].nunique() > 1 and curves["img_size"].nunique() > 1:
             paths += patch_figures(curves, out_dir)
@@ -458,6 +458,7 @@ def _table_links(tables: list[Path], link: Callable[[Path], str]) -> list[str]:
 _FIGURE_CAPTIONS: dict[str, str] = {
     "wall_train": "Training step: time and peak memory against tokens.",
     "wall": "The quadratic wall: latency, peak memory and GMACs against tokens (log-log).",
+    "mfu": "MFU: achieved FLOP/s as a share of the device's measured matmul peak, against tokens (log-log).",
     "patch_resolution": "Patch size against resolution: the same N from different (image, patch) pairs.",
     "accuracy_cost": "Accuracy against cost (mean and 95% interval over seeds), with the Pareto front of the "
                      "points above chance.",
@@ -542,6 +543,7 @@ def write_headline(readme: Path, sweep_dir: Path, section: str = "") -> None:
         "Crossovers (where each mixer becomes cheaper than the reference):",
         "",
         report_tables.to_markdown(crossovers) if not crossovers.empty else "(none)",
+        *headline_mfu_lines(runs),
         *_headline_accuracy(runs, sweep_dir, base),
         end_marker,
     ]

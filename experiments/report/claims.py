@@ -5,12 +5,15 @@ the measured side comes from the sweep's runs.csv alone, like every other table 
 """
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 from . import tables as report_tables
+from .claims_setting import claims_setting
+from .flags import DIRTY, is_dirty
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,6 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 CLAIMS_DIR = Path(__file__).parent / "claims"
+NO_VERDICT = "none (launch-bound batch)"
 
 
 class ClaimsError(ValueError):
@@ -56,12 +60,20 @@ def verdict(measured: float, claimed: float) -> str:
     return "does not hold"
 
 
-def claims_table(runs: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
-    """One row per claim x reference mixer x batch size found in `runs` (ok rows only)."""
+def claims_table(runs: pd.DataFrame, claims: list[dict], verdict_min_batch: int = 1,
+                 differences: tuple[str, ...] = ()) -> pd.DataFrame:
+    """One row per claim x reference mixer x batch size found in `runs` (ok rows only).
+
+    Rows below `verdict_min_batch` are kept with the verdict "none (launch-bound batch)"; `differences` (or a
+    claim's own) say what differs from the paper's models, and `flags` marks a comparison of dirty rows.
+    """
     ok = runs[runs["status"] == "ok"]
+    ok = ok.assign(_dirty=is_dirty(ok) if "dirty" in ok else False)
     rows = []
     for claim in claims:
         metric, size = claim["metric"], claim["img_size"]
+        if metric not in ok:  # a runs.csv older than the metric's column
+            continue
         at_size = ok[ok["img_size"] == size]
         for reference in claim["references"]:
             for batch in sorted(set(at_size["batch_size"])):
@@ -69,6 +81,9 @@ def claims_table(runs: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
                 if claim["mixer"] not in here or reference not in here:
                     continue
                 mine, theirs = float(here[claim["mixer"]]), float(here[reference])
+                if not (math.isfinite(mine) and math.isfinite(theirs)):
+                    continue  # a row without this metric (written before its column existed)
+                dirty = at_size[(at_size["batch_size"] == batch) & at_size["mixer"].isin([claim["mixer"], reference])]
                 if "factor" in claim:
                     claimed, measured, kind = claim["factor"], theirs / mine, "factor"
                 else:
@@ -77,7 +92,10 @@ def claims_table(runs: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
                     "claim": claim["text"], "metric": metric, "img_size": size, "batch_size": int(batch),
                     "mixer": claim["mixer"], "reference": reference, "mixer_value": mine,
                     "reference_value": theirs, "kind": kind, "claimed": claimed, "measured": measured,
-                    "verdict": verdict(measured, claimed),
+                    "verdict": verdict(measured, claimed) if batch >= verdict_min_batch else NO_VERDICT,
+                    "source": claim.get("source", ""),
+                    "differences": "; ".join(claim.get("differences", differences)),
+                    "flags": DIRTY if dirty["_dirty"].any() else "",
                 })
     return pd.DataFrame(rows)
 
@@ -97,25 +115,38 @@ def _display(numeric: pd.DataFrame) -> pd.DataFrame:
         "Claimed": [advantage(k, v) for k, v in zip(numeric["kind"], numeric["claimed"])],
         "Measured": [advantage(k, v) for k, v in zip(numeric["kind"], numeric["measured"])],
         "Verdict": numeric["verdict"],
+        "Models differ in": numeric["differences"].replace("", report_tables.MISSING),
+        "Flags": numeric["flags"].replace("", report_tables.MISSING),
     })
 
 
 def write_claims(runs: pd.DataFrame, name_or_path: str, tables_dir: Path) -> tuple[list[Path], str]:
     """Writes tables/claims.{csv,md,tex}; returns the files and a Markdown section for the summary."""
     source, claims = load_claims(name_or_path)
-    numeric = claims_table(runs, claims)
+    context = claims_setting(name_or_path)
+    numeric = claims_table(runs, claims, context.verdict_min_batch, context.differences)
     if numeric.empty:
         raise ClaimsError(f"no ok rows of runs.csv match the claims of {name_or_path!r} (mixers and image size)")
     caption = f"Published claims beside this sweep's measurements. Source of the claims: {source}"
     paths = report_tables.write_table(numeric, _display(numeric), tables_dir / "claims", caption)
-    section = "\n".join([
+    sources = dict.fromkeys([source, *(c["source"] for c in claims if c.get("source"))])
+    unmeasured = [c for c in claims if c["text"] not in set(numeric["claim"])]
+    section = [
         "## Published claims",
         "",
-        f"Claims quoted from: {source}. Measured values (median latency in ms; peak memory in MiB above the "
-        "baseline, so weights excluded) come from runs.csv; a factor is reference / mixer, a saving is 1 - mixer / reference. Verdict: holds (measured >= claimed), same "
-        "direction, smaller, or does not hold.",
+        *(f"- quoted from: {s}" for s in sources),
+        *([f"- the paper's setting: {context.setting}"] if context.setting else []),
+        *(f"- differs from the paper's models: {d}" for d in context.differences),
+        *([f"- verdicts from batch {context.verdict_min_batch} up, where neither model is launch-bound; smaller "
+           "batches are shown without one"] if context.verdict_min_batch > 1 else []),
+        "- measured values come from runs.csv: median latency in ms; memory in MiB as the metric says "
+        "(`peak_mem_total_mb`: the allocator's peak with weights and input; `peak_mem_reserved_mb`: the reserved "
+        "peak; `peak_mem_mb`: above the baseline). A factor is reference / mixer, a saving 1 - mixer / reference. "
+        "Verdict: holds (measured >= claimed), same direction, smaller, or does not hold.",
+        *(f"- not measured in this sweep: \"{c['text']}\" (no ok rows of {c['mixer']} and a reference at "
+          f"{c['img_size']} px with `{c['metric']}`)" for c in unmeasured),
         "",
         report_tables.to_markdown(_display(numeric)),
         "",
-    ])
-    return paths, section
+    ]
+    return paths, "\n".join(section)

@@ -42,6 +42,7 @@ COST_METRICS: dict[str, str] = {
 # not what a forward pass or a training step costs: cost curves never split on them.
 COST_KEYS: tuple[str, ...] = (
     "mixer", "preset", "overrides", "img_size", "patch_size", "batch_size", "device", "dtype", "compile",
+    "timing_mode",
 )
 
 # The keys that say what was learnt: accuracy figures and tables split on them (with the cost keys).
@@ -142,8 +143,10 @@ def find_crossover(tokens: np.ndarray, cost: np.ndarray, ref_cost: np.ndarray) -
 
 
 def mixer_rank(name: str) -> tuple[int, str]:
-    """Sort key that puts the built-in mixers first, in their fixed order."""
-    return (BUILTIN_MIXERS.index(name) if name in BUILTIN_MIXERS else len(BUILTIN_MIXERS), name)
+    """Sort key that puts the built-in mixers first, in their fixed order (a series split by implementation,
+    "mamba (torch_stream)", beside its mixer)."""
+    base = name.split(" (", 1)[0]
+    return (BUILTIN_MIXERS.index(base) if base in BUILTIN_MIXERS else len(BUILTIN_MIXERS), name)
 
 
 def varying_keys(runs: pd.DataFrame, keys: tuple[str, ...] = KEY_COLUMNS) -> list[str]:

@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from ..runs_csv import OPTIONAL_KEYS
 from ..schema import ERF_METHOD, KEY_COLUMNS
 from .crossover import mixer_rank
 from .plots import _save, facets
@@ -87,7 +88,10 @@ def _map_files(sweep_dir: Path, runs: pd.DataFrame) -> list[tuple[dict, dict[str
                 method = str(f["method"]) if "method" in f.files else ""
         except (OSError, KeyError, ValueError):
             continue  # a foreign or truncated file: not ours to report
-        if tuple(_key_text(key.get(c, "")) for c in KEY_COLUMNS) in known:
+        # An optional key a map lacks (saved before the column) or left empty reads as runs.csv reads it.
+        key = {c: OPTIONAL_KEYS[c] if c in OPTIONAL_KEYS and not str(key.get(c, "")).strip() else key.get(c, "")
+               for c in KEY_COLUMNS}
+        if tuple(_key_text(key[c]) for c in KEY_COLUMNS) in known:
             found.append((key, maps, patch, method))
     return found
 

@@ -90,12 +90,12 @@ PANEL_WIDTH, PANEL_HEIGHT, FIGURE_MARGIN = 2.45, 2.3, 0.3
 # How each facet key reads in a file name and in a title ("{}" is the value).
 _NAME_FORMS: dict[str, str] = {
     "preset": "{}", "device": "{}", "dtype": "{}", "dataset": "{}", "batch_size": "batch-{}",
-    "epochs": "epochs-{}", "patch_size": "patch-{}", "img_size": "img-{}", "seed": "seed-{}",
+    "epochs": "epochs-{}", "patch_size": "patch-{}", "img_size": "img-{}", "seed": "seed-{}", "timing_mode": "{}",
 }
 _TITLE_FORMS: dict[str, str] = {
     "preset": "preset {}", "device": "{}", "dtype": "{}", "dataset": "{}", "batch_size": "batch {}",
     "epochs": "{} epochs", "patch_size": "patch {} px", "img_size": "image {} px", "seed": "seed {}",
-    "overrides": "{}", "train": "recipe {}",
+    "overrides": "{}", "train": "recipe {}", "timing_mode": "{} timing",
 }
 # Facet keys holding JSON: they are named by the fields that differ between facets.
 _JSON_KEYS: tuple[str, ...] = ("overrides", "train")
@@ -130,6 +130,11 @@ def mixer_style(name: str) -> MixerStyle:
     if name in _BUILTIN_STYLES:
         color, marker, linestyle = _BUILTIN_STYLES[name]
         return MixerStyle(PALETTE[color], marker, linestyle)
+    base = name.split(" (", 1)[0]
+    if base != name and base in _BUILTIN_STYLES:  # one implementation of a split series: its mixer's colour
+        color, marker, _ = _BUILTIN_STYLES[base]
+        digest = zlib.crc32(name.encode("utf-8"))
+        return MixerStyle(PALETTE[color], marker, _FALLBACK_LINESTYLES[digest % len(_FALLBACK_LINESTYLES)])
     digest = zlib.crc32(name.encode("utf-8"))
     return MixerStyle(
         PALETTE[_FALLBACK_COLORS[digest % len(_FALLBACK_COLORS)]],
@@ -182,6 +187,8 @@ def _value_texts(values: list, key: str) -> list[tuple[str, str]]:
         fields = json_differences([str(v) for v in values])
         return [("_".join(f"{f}-{v}" if f else v for f, v in d.items()) or "default",
                  ", ".join(f"{f}={v}" if f else v for f, v in d.items()) or "default") for d in fields]
+    if key == "batch_size":  # batch size 0 is "max", the largest that fits
+        values = ["max" if str(v) == "0" else v for v in values]
     plain = [f"{v:g}" if isinstance(v, float) else str(v) if str(v) != "" else "none" for v in values]
     return [(text, text) for text in plain]
 

@@ -12,11 +12,13 @@ from pathlib import Path
 import pandas as pd
 
 from ..lr_grid import format_rate
+from ..schema import MAX_BATCH
 from .stats import chance, seed_stats
 from .crossover import (
-    COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank,
+    COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, curve_keys, mixer_rank,
     varying_keys,
 )
+from .flags import add_flags, point_flags
 
 # Readable headers, with units, for every column a table can show.
 HEADERS: dict[str, str] = {
@@ -55,13 +57,30 @@ HEADERS: dict[str, str] = {
     "train_status": "Train step status",
     "impl": "Impl.",
     "reference": "Reference",
+    "timing_mode": "Timing",
+    "batch_used": "Batch used",
+    "train_batch_used": "Train batch used",
+    "peak_mem_total_mb": "Peak mem. total (MiB)",
+    "peak_mem_reserved_mb": "Peak mem. reserved (MiB)",
+    "achieved_tflops": "TFLOP/s",
+    "mfu": "MFU (%)",
+    "train_achieved_tflops": "Train TFLOP/s",
+    "train_mfu": "Train MFU (%)",
+    "flags": "Flags",
 }
 
 # Cost columns of the main table, in order; each is shown only when the sweep has a value for it.
 COST_TABLE_METRICS: tuple[str, ...] = (
-    "params", "gmacs", "latency_ms", "latency_iqr_ms", "throughput_img_s", "peak_mem_mb",
-    "train_step_ms", "train_step_iqr_ms", "train_peak_mem_mb",
+    "params", "gmacs", "batch_used", "latency_ms", "latency_iqr_ms", "throughput_img_s", "achieved_tflops", "mfu",
+    "peak_mem_mb", "peak_mem_total_mb", "peak_mem_reserved_mb",
+    "train_batch_used", "train_step_ms", "train_step_iqr_ms", "train_achieved_tflops", "train_mfu", "train_peak_mem_mb",
 )
+
+# Shown even where no row has a value ("–"): how close a point came to the device's measured peak.
+ALWAYS_SHOWN: tuple[str, ...] = ("mfu",)
+
+# Fractions shown in percent.
+PERCENT_COLUMNS: tuple[str, ...] = ("mfu", "train_mfu")
 
 # Timings shown as one "median ± IQR" cell: the median column, its spread column and the cell's header.
 SPREAD_COLUMNS: dict[str, tuple[str, str]] = {
@@ -127,35 +146,53 @@ def cost_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         The numeric frame (parameters in millions) and its display frame, where latency and train step read
         "median ± IQR".
     """
-    metrics = [c for c in COST_TABLE_METRICS if c in runs and runs[c].notna().any()]
+    trained = "train_step_ms" in runs and runs["train_step_ms"].notna().any()
+    metrics = [c for c in COST_TABLE_METRICS if c in runs and (runs[c].notna().any() or c in ALWAYS_SHOWN
+                                                               or (c == "train_mfu" and trained))]
     points = cost_points(runs, metrics)
     keys = display_keys(points)
     # Rows run along each curve: by patch size, then token count.
     order = [k for k in keys if k not in POINT_KEYS] + ["patch_size", "tokens", "img_size"]
     extra = ["status"] + (["train_status"] if points["train_status"].ne("").any() else []) + ["impl"]
+    points["flags"] = add_flags(points, point_flags(runs, curve_keys(runs)))
+    extra += ["flags"] if points["flags"].ne("").any() else []
     numeric = sort_rows(points[keys + metrics + extra], order)
     if "params" in numeric:
         numeric["params"] = numeric["params"] / 1e6
+    for column in PERCENT_COLUMNS:
+        if column in numeric:
+            numeric[column] = numeric[column] * 100
 
     display = _metric_cells(numeric, keys, metrics)
     display[HEADERS["status"]] = [_status_cell(row) for _, row in numeric.iterrows()]
     display[HEADERS["impl"]] = numeric["impl"].replace("", MISSING)
+    if "flags" in numeric:
+        display[HEADERS["flags"]] = numeric["flags"].replace("", MISSING)
     return numeric.rename(columns=HEADERS), display.rename(columns=HEADERS)
 
 
 def _metric_cells(numeric: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
     """The display frame of `keys` (as text) and `metrics` (formatted, timings as "median ± IQR")."""
     display = numeric[keys].astype(str)
+    if "batch_size" in keys:
+        display["batch_size"] = numeric["batch_size"].map(batch_text)
     for column in metrics:
         if any(column == iqr for iqr, _ in SPREAD_COLUMNS.values()):
             continue  # folded into its median's cell
         if column in SPREAD_COLUMNS and SPREAD_COLUMNS[column][0] in numeric:
             iqr, header = SPREAD_COLUMNS[column]
             display[header] = [fmt_spread(m, s) for m, s in zip(numeric[column], numeric[iqr])]
+        elif column in ("batch_used", "train_batch_used"):
+            display[HEADERS[column]] = numeric[column].map(lambda v: f"{v:,.0f}" if math.isfinite(v) else MISSING)
         else:
             digits = 4 if column == "throughput_img_s" else 3
             display[HEADERS[column]] = numeric[column].map(lambda v: fmt_number(v, digits))
     return display
+
+
+def batch_text(batch: object) -> str:
+    """A batch_size key as a reader reads it: the number, or "max" for the largest that fits (`MAX_BATCH`)."""
+    return "max" if str(batch) == str(MAX_BATCH) else str(batch)
 
 
 def _status_cell(row: pd.Series) -> str:

@@ -18,11 +18,14 @@ from pathlib import Path
 from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
 from ..train.datasets import DATASET_NAMES, DatasetError
-from .config import ConfigError, SweepConfig, _digest, config_from_dict, load_config, named_configs
+from .config import (ConfigError, SweepConfig, _digest, batch_size_arg, config_from_dict, load_config,
+                     named_configs)
 from .lr_stages import seed_points, stage_lines
 from .plan import Budget, Planner, budget_order, load_note, plan_lines
 from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
+from .device_peak import with_device_peak
 from .out_dir import OutDirError, SweepLock, check_out_dir
+from .references import check_clean_tree
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 
 # Flags that override config fields: flag name -> (field, argparse kwargs)
@@ -33,7 +36,10 @@ _FIELD_FLAGS = {
     "presets": dict(nargs="+", metavar="NAME", help="backbone presets: micro, tiny, small, base"),
     "img_sizes": dict(nargs="+", type=int, metavar="PX", help="input sides in pixels (square images)"),
     "patch_sizes": dict(nargs="+", type=int, metavar="PX", help="patch sides in pixels; must divide every image size"),
-    "batch_sizes": dict(nargs="+", type=int, metavar="B", help="batch sizes for the cost measurements"),
+    "batch_sizes": dict(nargs="+", type=batch_size_arg, metavar="B",
+                        help="batch sizes for the cost measurements; max: the largest power of two that fits"),
+    "timing_modes": dict(nargs="+", choices=["eager", "graphed"], metavar="MODE",
+                         help="eager (back-to-back calls) and/or graphed (CUDA graph replay); a key like --compile"),
     "seeds": dict(nargs="+", type=int, metavar="S", help="random seeds (weights, data order)"),
     "device": dict(choices=["cpu", "cuda"], help="where to run"),
     "dtype": dict(choices=["float32", "bfloat16", "float16"], help="inference dtype; training uses autocast to it"),
@@ -80,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write into an --out folder that holds files but no runs.csv (refused otherwise, as it "
                              "is probably not a sweep's); nothing there is deleted or overwritten, so a summary.md "
                              "the report did not write is still refused (unless --no-report)")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="run into a committed reference folder (results/<name>) from a working tree with "
+                             "uncommitted changes; its rows say dirty=True")
     parser.add_argument("--dry-run", action="store_true",
                         help="print each point's predicted latency, memory and time, and the sweep's total, and stop")
     parser.add_argument("--budget-minutes", type=float, default=None, metavar="M",
@@ -199,6 +208,7 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
     bar.write(f"{config.name}: {len(points)} points, {len(points) - len(todo)} already in {runs_path}, "
               f"{len(todo)} to run{machine_note}")
+    todo = with_device_peak(todo, bar.write)
 
     def record(point: Point, row: dict) -> None:
         if budget and budget.cut_short(point, row):
@@ -260,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         check_environment(config, dry_run=args.dry_run)
         if not args.dry_run:
             check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
+            check_clean_tree(config.out_dir, args.allow_dirty)
         read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running anything
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")

@@ -15,8 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..measure.graphed import TIMING_MODES
 from ..measure.point import Point, canonical_json
 from ..measure.timing import TimingProtocol
+from ..schema import MAX_BATCH
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,7 +51,7 @@ class SweepConfig:
     presets: tuple[str, ...] = ("micro",)
     img_sizes: tuple[int, ...] = (32,)
     patch_sizes: tuple[int, ...] = (4,)
-    batch_sizes: tuple[int, ...] = (1,)
+    batch_sizes: tuple[int, ...] = (1,)  # "max" in a file or on the command line: the largest that fits (0 here)
     seeds: tuple[int, ...] = (0,)
     device: str = "cpu"
     dtype: str = "float32"
@@ -63,6 +65,7 @@ class SweepConfig:
     memory_limit_mb: int = 0  # CPU only: cap on what one point may allocate, 0 = none
     num_threads: int = 0  # 0 = torch's default
     compile: str = ""  # torch.compile mode for the timed model; "" or "none": eager
+    timing_modes: tuple[str, ...] = ("eager",)  # eager and/or graphed (CUDA graph replay), a key like compile
     launcher: str = "local"
     overrides: dict = field(default_factory=dict)  # {"*" or mixer: {ViT field or "mixer_options": value}}
     timing: dict = field(default_factory=dict)  # TimingProtocol fields
@@ -131,9 +134,11 @@ class SweepConfig:
                 timing=timing, measure_train_step=self.measure_train_step, memory_limit_mb=self.memory_limit_mb,
                 num_threads=self.num_threads, data_dir=self.data_dir, data_path=self.data_path, train=train,
                 timeout_s=self.timeout_s, compile="" if self.compile == "none" else self.compile, lr_stage=stage,
+                timing_mode=mode,
             )
-            for mixer, preset, img, patch, batch, (seed, train, stage) in itertools.product(
-                mixers, self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self._trainings()
+            for mixer, preset, img, patch, batch, (seed, train, stage), mode in itertools.product(
+                mixers, self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self._trainings(),
+                self.timing_modes,
             )
         ]
         if not self.epochs:
@@ -225,6 +230,8 @@ def _as_field(name: str, value: object, where: str) -> object:
     """Checks and converts a value read from TOML or the command line to the field's type."""
     kind = _TYPES[name]
     prefix = f"{where}: " if where else ""
+    if name == "batch_sizes":
+        value = _batch_sizes(value, prefix)
     if kind == "tuple[int, ...]":
         values = value if isinstance(value, (list, tuple)) else [value]
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
@@ -248,6 +255,24 @@ def _as_field(name: str, value: object, where: str) -> object:
 
 # A config's name is a folder name (results/local/<name>): one plain path component, never a path.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+def _batch_sizes(value: object, prefix: str) -> object:
+    """Batch sizes with "max" as `MAX_BATCH`; a literal 0 is refused, so "max" is always written as such."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if any(v == MAX_BATCH and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"{prefix}batch_sizes must be >= 1, or \"max\" for the largest that fits; got {value!r}")
+    return [MAX_BATCH if v == "max" else v for v in values]
+
+
+def batch_size_arg(text: str) -> int | str:
+    """argparse type of --batch-sizes: a positive integer, or "max" (converted with the config's fields)."""
+    import argparse
+
+    if text == "max":
+        return text
+    try:
+        return int(text)  # the range is checked with the config's fields, in one message
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid batch size {text!r}: give an integer >= 1 or max") from None
 
 
 def check_fields(config: SweepConfig, where: str) -> None:
@@ -259,7 +284,7 @@ def check_fields(config: SweepConfig, where: str) -> None:
         values = getattr(config, name)
         if not values:
             raise ConfigError(f"{prefix}{name} must not be empty")
-        if any(v < 1 for v in values):
+        if any(v < 1 and not (name == "batch_sizes" and v == MAX_BATCH) for v in values):
             raise ConfigError(f"{prefix}{name} must be >= 1, got {list(values)}")
     if config.device not in DEVICES:
         raise ConfigError(f"{prefix}device must be one of {', '.join(DEVICES)}, got {config.device!r}")
@@ -270,6 +295,9 @@ def check_fields(config: SweepConfig, where: str) -> None:
     if config.compile not in COMPILE_MODES:
         raise ConfigError(f"{prefix}compile must be one of {', '.join(repr(m) for m in COMPILE_MODES)}, "
                           f"got {config.compile!r}")
+    if not config.timing_modes or set(config.timing_modes) - set(TIMING_MODES):
+        raise ConfigError(f"{prefix}timing_modes must list one or more of {', '.join(TIMING_MODES)}, got "
+                          f"{list(config.timing_modes)}")
     if config.epochs < 0:
         raise ConfigError(f"{prefix}epochs must be >= 0, got {config.epochs}")
     if not (math.isfinite(config.timeout_s) and config.timeout_s > 0):
@@ -290,7 +318,8 @@ def check_fields(config: SweepConfig, where: str) -> None:
     try:
         TimingProtocol(**config.timing)
     except TypeError as error:
-        raise ConfigError(f"{prefix}timing: {error}; valid: warmup, min_repeats, min_time_s, max_repeats") from None
+        valid = ", ".join(f.name for f in dataclasses.fields(TimingProtocol))
+        raise ConfigError(f"{prefix}timing: {error}; valid: {valid}") from None
     except ValueError as error:
         raise ConfigError(f"{prefix}{error}") from None
 

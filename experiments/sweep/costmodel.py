@@ -79,7 +79,7 @@ def _work_of(mixer: str, preset: str, overrides: str, img_size: int, patch_size:
 def work(point: Point) -> Work:
     macs, token_elems, mixer_elems, layer_mixer, params, depth = _work_of(
         point.mixer, point.preset, point.overrides, point.img_size, point.patch_size)
-    b, elem = point.batch_size, ELEM_BYTES[point.dtype]
+    b, elem = point.planned_batch, ELEM_BYTES[point.dtype]
     return Work(tokens=point.tokens, batch=b, macs=macs * b, token_bytes=token_elems * elem * b,
                 mixer_bytes=mixer_elems * elem * b, layer_token_bytes=token_elems / depth * elem * b,
                 layer_mixer_bytes=layer_mixer * elem * b, params=int(params))
@@ -143,9 +143,11 @@ class CostModel:
 
     @staticmethod
     def group(point_or_row: Point | dict) -> str:
-        """Rates are fitted per mixer, device, dtype and compile mode (compiled and eager code run differently)."""
+        """Rates are fitted per mixer, device, dtype and compile mode (compiled and eager code run differently),
+        and graphed timing apart from eager (no launch floor)."""
         get = (lambda k: getattr(point_or_row, k, "")) if isinstance(point_or_row, Point) else point_or_row.get
-        return "|".join(str(get(k) or "") for k in ("mixer", "device", "dtype", "compile"))
+        graphed = "|graphed" if get("timing_mode") == "graphed" else ""
+        return "|".join(str(get(k) or "") for k in ("mixer", "device", "dtype", "compile")) + graphed
 
     @classmethod
     def fitted(cls, samples: Iterable[tuple[Point, dict]], sources: list[str] | None = None) -> CostModel:
@@ -218,10 +220,13 @@ def _number(value: object) -> float | None:
 def point_from_row(row: dict) -> Point:
     """The point a runs.csv row measured (key columns only, enough for its work)."""
     return Point(mixer=row["mixer"], preset=row["preset"], img_size=int(row["img_size"]),
-                 patch_size=int(row["patch_size"]), batch_size=int(row["batch_size"]), device=row["device"],
+                 patch_size=int(row["patch_size"]),
+                 # a max-batch row measured at the batch it found
+                 batch_size=int(row["batch_size"]) or int(float(row.get("batch_used") or 0)), device=row["device"],
                  dtype=row["dtype"], dataset=row.get("dataset", ""), epochs=int(row.get("epochs") or 0),
                  seed=int(row.get("seed") or 0), overrides=row.get("overrides") or "{}",
-                 train=row.get("train") or "{}", compile=row.get("compile") or "")
+                 train=row.get("train") or "{}", compile=row.get("compile") or "",
+                 timing_mode=row.get("timing_mode") or "eager")
 
 
 def json_loads(text: str) -> dict:

@@ -102,9 +102,9 @@ def predicted_macs(point: Point, macs_per_image: int) -> float:
     """Multiply-accumulates a point will do: timed inference calls, the training step's, counting, training."""
     timing = point.timing
     calls = timing.warmup + max(timing.min_repeats, 1) + 1  # + one forward for fvcore's count
-    work = calls * point.batch_size * macs_per_image
+    work = calls * point.planned_batch * macs_per_image
     if point.measure_train_step:
-        work += 3 * (timing.warmup + max(timing.min_repeats, 1)) * point.batch_size * macs_per_image
+        work += 3 * (timing.warmup + max(timing.min_repeats, 1)) * point.planned_batch * macs_per_image
     if point.epochs:
         samples = json.loads(point.train).get("train_samples") or 50_000
         work += point.epochs * samples * macs_per_image * 3.5  # forward + backward, and the evaluation

@@ -168,7 +168,7 @@ class Planner:
             point_s = point_s + train_s if train_s is not None else None
         largest = max((v for v in (peak, train_peak) if v is not None), default=None)
         fits = None if self.memory_mb is None or largest is None else largest <= self.memory_mb
-        return Prediction(point, work(point).macs / point.batch_size / 1e9, latency, train_step, peak, train_peak,
+        return Prediction(point, work(point).macs / point.planned_batch / 1e9, latency, train_step, peak, train_peak,
                           train_s, point_s, fits)
 
     def _point_s_without_training(self, point: Point) -> float | None:
