@@ -38,3 +38,69 @@ def test_report_builds_when_one_override_setting_failed_everywhere(tmp_path: Pat
     assert not any("depth-2" in name and name.startswith("patch_resolution") for name in names)
     costs = (tmp_path / "tables" / "costs.csv").read_text()
     assert costs.count("error") >= 6  # the failed rows stay in the tables
+
+
+# --- defect 7: config values that ran nothing, meant something else, or failed every point -------------------
+
+def one_line_error(capsys, *fragments: str) -> str:
+    """The captured stderr, checked to be one line without a traceback that holds every fragment."""
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+BASE = 'name = "t"\nmixers = ["linear"]\nimg_sizes = [16]\npatch_sizes = [8]\n'
+
+
+@pytest.mark.parametrize("text,message", [
+    ("seeds = []", "seeds must not be empty"),
+    ("presets = []", "presets must not be empty"),
+    ("batch_sizes = []", "batch_sizes must not be empty"),
+    ("timeout_s = true", "timeout_s must be of type float, got True"),
+    ("epochs = true", "epochs must be of type int, got True"),
+    ("memory_limit_mb = false", "memory_limit_mb must be of type int, got False"),
+    ("[[runs]]\ntimeout_s = true", "runs[0]: timeout_s must be of type float"),
+    ("[overrides.mambaa]\ndepth = 1", "overrides.mambaa: no mixer 'mambaa' is registered"),
+    ("[overrides.linear]\ndepth = true", "overrides.linear.depth must be a number, got True"),
+    ("[overrides.linear]\ndepth = 1000000000000000000000000000000", "overrides.linear.depth must be at most 65,536"),
+    ("seeds = [-1]", "seeds must be integers in 0 .. 4294967295"),
+    ("seeds = [4294967296]", "seeds must be integers in 0 .. 4294967295"),
+    ("seeds = [1.5]", "seeds must be a list of integers"),
+    ("img_sizes = [1000000000000000000000000000000]", "img_sizes must be <= 65,536"),
+    ("batch_sizes = [100000000000000000000]", "batch_sizes must be <= 1,048,576"),
+    ("timeout_s = 100000000000000000000", "timeout_s must be <= 2,592,000"),
+    ("timeout_s = 1e300", "timeout_s must be <= 2,592,000"),
+    ("epochs = 100000000000000000000", "epochs must be <= 100,000"),
+])
+def test_bad_config_values_are_refused_once(tmp_path: Path, capsys, text: str, message: str) -> None:
+    from experiments.sweep.__main__ import main
+
+    config = tmp_path / "bad.toml"
+    lines = [line for line in BASE.splitlines() if line.split(" = ")[0] != text.split(" = ")[0]]
+    config.write_text("\n".join(lines) + "\n" + text + "\n")  # tables last, so top-level fields stay top-level
+    out = tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-plan"]) == 2
+    one_line_error(capsys, message)
+    assert not out.exists()
+
+
+def test_huge_sizes_on_the_command_line_are_refused_with_the_bound(tmp_path: Path, capsys) -> None:
+    from experiments.sweep.__main__ import main
+
+    out = tmp_path / "out"
+    assert main(["--mixers", "linear", "--img-sizes", str(10**30), "--out", str(out), "--dry-run"]) == 2
+    one_line_error(capsys, "img_sizes must be <= 65,536")
+    assert main(["--mixers", "linear", "--img-sizes", "16", "--seeds", "-3", "--out", str(out), "--dry-run"]) == 2
+    one_line_error(capsys, "seeds must be integers in 0 ..")
+    assert not out.exists()
+
+
+def test_an_override_for_a_registered_mixer_outside_the_selection_is_kept() -> None:
+    """One file may hold overrides for every mixer while --mixers picks a few: only unknown names are refused."""
+    from experiments.sweep.config import SweepConfig
+
+    config = SweepConfig(mixers=("linear",), img_sizes=(16,), patch_sizes=(8,),
+                         overrides={"*": {"depth": 1}, "mamba": {"depth": 2}})
+    assert len(config.points(["linear", "mamba"])) == 1
