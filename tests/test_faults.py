@@ -9,11 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.measure.point import Point
+from experiments.measure.run import is_out_of_memory
+from experiments.measure.timing import TimingProtocol
 from experiments.report.__main__ import main as report_main
 from experiments.report.build import build_report, load_runs
 from experiments.runs_csv import RunsFileError
 from experiments.schema import COLUMNS
-from experiments.sweep.__main__ import main
+from experiments.sweep.__main__ import main, pending_points
+from experiments.sweep.isolation import run_isolated
 from experiments.sweep.out_dir import SweepLock
 from experiments.sweep.runs_file import append_row, read_rows
 
@@ -266,3 +270,66 @@ def test_summary_counts_diverged_points_as_ran(tmp_path: Path) -> None:
                                            "dataset": "pathfinder", "accuracy": 0.5})
     build_report(tmp_path)
     assert "Cost: 2 points (all ran)" in (tmp_path / "summary.md").read_text()
+
+
+# --- issue 20, defect 5: memory walls under --memory-limit-mb are labelled oom ------------------------------------
+
+QUICK = TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0)
+# What an address-space cap makes of an allocation: oneDNN's primitive creation, a thread's stack (EAGAIN).
+LIMIT_ERRORS = [
+    RuntimeError("could not create a primitive descriptor for a matmul primitive"),
+    OSError(errno.EAGAIN, os.strerror(errno.EAGAIN)),
+    RuntimeError("can't start new thread"),
+]
+
+
+def _point(**kwargs) -> Point:
+    defaults = dict(mixer="linear", preset="micro", img_size=16, patch_size=8, batch_size=1, timing=QUICK,
+                    overrides='{"depth":1}')
+    return Point(**{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize("error", LIMIT_ERRORS, ids=["onednn", "eagain", "thread"])
+def test_limit_failures_are_oom_only_under_a_memory_limit(error: BaseException) -> None:
+    assert is_out_of_memory(error, memory_limited=True)
+    assert not is_out_of_memory(error)  # without a cap they are faults of their own, not a memory wall
+
+
+@pytest.mark.parametrize("where", ["inference", "train_step"])
+def test_a_primitive_that_cannot_be_created_under_the_limit_is_an_oom_row(monkeypatch, where: str) -> None:
+    import experiments.measure.run as run
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("could not create a primitive")
+
+    monkeypatch.setattr(run, f"measure_{where}", fails)
+    limited = run.measure_point(_point(memory_limit_mb=4096))
+    unlimited = run.measure_point(_point())
+    if where == "inference":
+        assert (limited["status"], unlimited["status"]) == ("oom", "error")
+    else:  # the inference stands; the training step is its own wall
+        assert limited["status"] == "ok" and limited["train_status"] == "oom"
+        assert unlimited["status"] == "error"
+
+
+def _thread_fails(p: Point) -> dict:
+    raise RuntimeError("can't start new thread")
+
+
+def _aborts(p: Point) -> dict:
+    os.abort()
+
+
+@pytest.mark.parametrize("target", [_thread_fails, _aborts])
+def test_isolated_worker_failing_under_the_limit_is_oom(target) -> None:
+    assert run_isolated(target, _point(memory_limit_mb=4096), 60)["status"] == "oom"
+    assert run_isolated(target, _point(), 60)["status"] == "error"
+
+
+def test_retry_failed_reruns_ok_rows_whose_training_step_hit_a_wall() -> None:
+    points = [_point(img_size=s) for s in (16, 32, 48, 64)]
+    done = {points[0].key: {"status": "ok", "train_status": "ok"},
+            points[1].key: {"status": "ok", "train_status": "oom"},
+            points[2].key: {"status": "ok", "train_status": "skipped"}}
+    assert pending_points(points, done, retry_failed=False) == [points[3]]
+    assert pending_points(points, done, retry_failed=True) == points[1:]
