@@ -104,3 +104,55 @@ def test_an_override_for_a_registered_mixer_outside_the_selection_is_kept() -> N
     config = SweepConfig(mixers=("linear",), img_sizes=(16,), patch_sizes=(8,),
                          overrides={"*": {"depth": 1}, "mamba": {"depth": 2}})
     assert len(config.points(["linear", "mamba"])) == 1
+
+
+# --- defect 7: npz files that are damaged, hold objects, empty images or labels past any class count ------------
+
+def _npz_file(tmp_path: Path, case: str) -> Path:
+    import io
+    import zipfile
+
+    import numpy as np
+
+    x = np.zeros((4, 8, 8, 3), np.uint8)
+    y = np.array([0, 1, 0, 1])
+    arrays = {"x_train": x, "y_train": y, "x_test": x, "y_test": y}
+    if case == "object":
+        arrays["x_train"] = np.array([x[0], "a"], dtype=object)
+    elif case == "empty_images":
+        arrays["x_train"] = arrays["x_test"] = np.zeros((4, 0, 0, 3), np.uint8)
+    elif case == "huge_label":
+        arrays["y_train"] = np.array([0, 1, 0, 50_000_000])
+    elif case == "uint64_wraps":
+        arrays["y_train"] = np.array([0, 1, 0, 2**64 - 1], dtype=np.uint64)
+    path = tmp_path / f"{case}.npz"
+    np.savez(path, **arrays)
+    if case == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif case == "truncated_member":  # the zip is whole, one array inside it is cut short
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, value in arrays.items():
+                buffer = io.BytesIO()
+                np.save(buffer, value)
+                archive.writestr(f"{name}.npy", buffer.getvalue()[:100] if name == "x_train" else buffer.getvalue())
+    return path
+
+
+@pytest.mark.parametrize("case,message", [
+    ("object", "x_train is an object array; it is not loaded"),
+    ("truncated", "is not a readable .npz file"),
+    ("truncated_member", "cannot read the array x_train"),
+    ("empty_images", "x_train holds 0x0 images"),
+    ("huge_label", "y_train has a label of 50,000,000; labels are class indices 0 .. 99,999"),
+    ("uint64_wraps", "y_train has a label of 18,446,744,073,709,551,615"),
+])
+def test_bad_npz_files_are_one_line(tmp_path: Path, capsys, case: str, message: str) -> None:
+    from experiments.sweep.__main__ import main
+
+    config = tmp_path / "c.toml"
+    config.write_text(BASE)
+    out = tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-plan", "--epochs", "1",
+                 "--dataset", "npz", "--data-path", str(_npz_file(tmp_path, case))]) == 2
+    one_line_error(capsys, message)
+    assert not out.exists()
