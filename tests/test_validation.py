@@ -156,3 +156,78 @@ def test_bad_npz_files_are_one_line(tmp_path: Path, capsys, case: str, message: 
                  "--dataset", "npz", "--data-path", str(_npz_file(tmp_path, case))]) == 2
     one_line_error(capsys, message)
     assert not out.exists()
+
+
+# --- defect 7: the report's --claims and --readme ---------------------------------------------------------------
+
+CLAIM = ('[[claims]]\ntext = "t"\nmetric = "latency_ms"\nmixer = "mamba"\nreferences = ["attention"]\n'
+         'img_size = 32\nfactor = 2.0\n')
+
+
+@pytest.fixture()
+def sweep_dir(tmp_path: Path) -> Path:
+    """A sweep folder with a runs.csv and no report yet."""
+    for img in (16, 32, 64):
+        append_row(tmp_path / "sweep" / "runs.csv", _cost_row("linear", img, 8, "{}", "ok"))
+    return tmp_path / "sweep"
+
+
+@pytest.mark.parametrize("text,message", [
+    (CLAIM.replace('"latency_ms"', '"accuracy"'), "metric must be one of latency_ms"),
+    (CLAIM.replace('["attention"]', '"attention"'), "references must be a list of mixer names"),
+    (CLAIM.replace("img_size = 32", 'img_size = "32"'), "img_size must be a positive integer"),
+    (CLAIM.replace("factor = 2.0", 'factor = "2.8x"'), "factor must be a number > 0"),
+    (CLAIM.replace("factor = 2.0", "factor = true"), "factor must be a number > 0"),
+    (CLAIM.replace("factor = 2.0", "saving = 1.5"), "saving must be a number < 1"),
+    (CLAIM + "verdict = 'holds'\n", "unknown field(s) verdict"),
+    ("claims = [1]\n", "claims[0] must be a [[claims]] table"),
+    ("source = 5\n" + CLAIM, "source is not text"),
+])
+def test_odd_claims_fields_are_one_line_before_the_report_is_written(sweep_dir: Path, capsys, text: str,
+                                                                      message: str) -> None:
+    from experiments.report.__main__ import main as report_main
+
+    claims = sweep_dir.parent / "claims.toml"
+    claims.write_text(text)
+    assert report_main([str(sweep_dir), "--claims", str(claims)]) == 2
+    one_line_error(capsys, message)
+    assert not (sweep_dir / "summary.md").exists()
+
+
+def test_readme_outside_the_sweeps_parent_is_refused_before_the_report(sweep_dir: Path, capsys) -> None:
+    from experiments.report.__main__ import main as report_main
+
+    readme = sweep_dir.parent / "elsewhere" / "README.md"
+    readme.parent.mkdir()
+    readme.write_text("a\n<!-- headline:start -->\nold\n<!-- headline:end -->\nb\n")
+    assert report_main([str(sweep_dir), "--readme", str(readme)]) == 2
+    one_line_error(capsys, "is not under the README's folder")
+    assert readme.read_text() == "a\n<!-- headline:start -->\nold\n<!-- headline:end -->\nb\n"
+    assert not (sweep_dir / "summary.md").exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a\n<!-- headline:end -->\nold\n<!-- headline:start -->\nb\n", "has <!-- headline:end --> before"),
+    ("<!-- headline:start -->\n<!-- headline:end -->\n<!-- headline:start -->\n<!-- headline:end -->\n",
+     "more than once"),
+])
+def test_reversed_or_repeated_headline_markers_leave_the_readme_untouched(sweep_dir: Path, capsys, text: str,
+                                                                          message: str) -> None:
+    from experiments.report.__main__ import main as report_main
+
+    readme = sweep_dir.parent / "README.md"
+    readme.write_text(text)
+    assert report_main([str(sweep_dir), "--readme", str(readme)]) == 2
+    one_line_error(capsys, message)
+    assert readme.read_text() == text
+    assert not (sweep_dir / "summary.md").exists()
+
+
+def test_readme_above_the_sweep_gets_its_headline(sweep_dir: Path) -> None:
+    from experiments.report.__main__ import main as report_main
+
+    readme = sweep_dir.parent / "README.md"
+    readme.write_text("a\n<!-- headline:start -->\nold\n<!-- headline:end -->\nb\n")
+    assert report_main([str(sweep_dir), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "old" not in text and "](sweep/figures/wall" in text and text.endswith("<!-- headline:end -->\nb\n")
