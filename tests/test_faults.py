@@ -98,6 +98,18 @@ def test_full_disk_stops_the_sweep_with_one_line(tmp_path: Path, monkeypatch, ca
     assert not (out / "summary.md").exists()  # no report of a sweep that stopped
 
 
+def test_full_disk_at_the_start_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue 20, defect 7: the lock's details are the sweep's first write; a full disk there was a traceback."""
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    out = tmp_path / "out"
+    assert main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet", "--no-plan"]) == 2
+    one_line_error(capsys, "cannot write", ".sweep.lock", "No space left on device", "free space")
+    assert not (out / "runs.csv").exists()
+
+
 # --- 2, 7. one reader for the sweep and the report -----------------------------------------------------------
 
 def test_report_drops_a_torn_last_row_as_the_sweep_does(tmp_path: Path) -> None:
