@@ -231,3 +231,27 @@ def test_readme_above_the_sweep_gets_its_headline(sweep_dir: Path) -> None:
     assert report_main([str(sweep_dir), "--readme", str(readme)]) == 0
     text = readme.read_text()
     assert "old" not in text and "](sweep/figures/wall" in text and text.endswith("<!-- headline:end -->\nb\n")
+
+
+# --- defect 7: the benchmark command lines -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("module,argv,message", [
+    ("scan", ["--length", "0"], "argument --length: must be in 1 .."),
+    ("scan", ["--lengths", "0"], "unrecognized arguments: --lengths 0"),
+    ("scan", ["--batch", "-1"], "argument --batch: must be in 1 .."),
+    ("scan", ["--channels", "x"], "argument --channels: expected an integer"),
+    ("scan", ["--block-seconds", "nan"], "argument --block-seconds: must be a finite number > 0"),
+    ("scan", ["--device", "cuda", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+    ("mixers", ["--grid", "0", "4"], "argument --grid: must be in 1 .."),
+    ("mixers", ["--threads", "0"], "argument --threads: must be in 1 .."),
+    ("mixers", ["--mixers", "mambaa"], "unknown mixer(s) mambaa; registered:"),
+    ("mixers", ["--dim", "10", "--heads", "3", "--mixers", "attention"], "--dim 10 --heads 3: dim=10 is not"),
+])
+def test_bench_cli_bad_arguments_are_one_line(capsys, module: str, argv: list[str], message: str) -> None:
+    import importlib
+
+    main = importlib.import_module(f"experiments.bench.{module}").main
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    one_line_error(capsys, message)
