@@ -345,3 +345,77 @@ def test_retry_failed_reruns_ok_rows_whose_training_step_hit_a_wall() -> None:
             points[2].key: {"status": "ok", "train_status": "skipped"}}
     assert pending_points(points, done, retry_failed=False) == [points[3]]
     assert pending_points(points, done, retry_failed=True) == points[1:]
+
+
+# --- issue 20: errors forced on some points, the sweep killed and resumed: every row once, and a report --------
+
+def _fault_sweep_config(tmp_path: Path, mixers: list[str], img_sizes: list[int]) -> tuple[Path, list[Point]]:
+    """A cost sweep of two override settings (depth 1 and 2) at patch sizes 8 and 16: the config and its points."""
+    from experiments.sweep.config import config_from_dict, load_config
+    from mixers import list_mixers
+
+    text = tiny_config(mixers, img_sizes).replace("patch_sizes = [8]", "patch_sizes = [8, 16]")
+    text += '\n[[runs]]\noverrides = {"*" = {depth = 1}}\n\n[[runs]]\noverrides = {"*" = {depth = 2}}\n'
+    path = write_config(tmp_path, text)
+    return path, config_from_dict(*load_config(str(path))).points(list_mixers())
+
+
+def _killed_and_resumed(tmp_path: Path, mixers: list[str], img_sizes: list[int], fault: str) -> None:
+    """Runs the sweep in its own process group with `fault` forced, SIGKILLs the group partway, reruns the same
+    command to the end, and checks that every point has exactly one row, the forced ones error, and a report."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from experiments.measure.run import FAULT_VARIABLE
+    from experiments.sweep.runs_file import latest_by_key
+
+    config, points = _fault_sweep_config(tmp_path, mixers, img_sizes)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "experiments.sweep", "--config", str(config), "--out", str(out), "--quiet",
+               "--no-plan"]
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, FAULT_VARIABLE: fault, "PYTHONPATH": str(repo)}
+    runs = out / "runs.csv"
+
+    def rows_written() -> int:
+        return max(len(runs.read_bytes().splitlines()) - 1, 0) if runs.exists() else 0
+
+    sweep = subprocess.Popen(command, cwd=repo, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        while rows_written() < len(points) // 3 and sweep.poll() is None:
+            time.sleep(0.05)
+    finally:
+        os.killpg(sweep.pid, signal.SIGKILL)  # the sweep, its fork server and whatever else is in its group
+        sweep.communicate()
+    assert rows_written() < len(points), "the sweep ended before it was killed: nothing was resumed"
+    resumed = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    rows = read_rows(runs)
+    keys = [p.key for p in points]
+    assert len(rows) == len(points) and set(latest_by_key(rows)) == set(keys)  # each point once, none twice
+    forced = {p.key for p in points if re.search(fault, p.label())}
+    assert 0 < len(forced) < len(points)
+    statuses = {key: row["status"] for key, row in latest_by_key(rows).items()}
+    assert {k for k, s in statuses.items() if s == "error"} == forced
+    assert all(statuses[k] == "ok" for k in set(keys) - forced)
+    assert (out / "summary.md").exists() and (out / "tables" / "costs.csv").exists()
+    assert list((out / "figures").glob("wall*.png"))
+
+
+def test_forced_errors_kill_and_resume_leave_every_row_once(tmp_path: Path) -> None:
+    """20 points: one mixer's depth-2 setting errors at every point, at two patch sizes (issue 20, defect 4's
+    shape), with the sweep killed a third of the way through."""
+    _killed_and_resumed(tmp_path, ["linear"], [16, 32, 48, 64, 96], fault=r'\{"depth":2\}')
+
+
+@pytest.mark.slow
+def test_forced_errors_kill_and_resume_at_scale(tmp_path: Path) -> None:
+    """100 points (every built-in mixer, five sizes, two patch sizes, two depths); attention's depth-2 setting
+    and every 96 px / patch 16 point error."""
+    _killed_and_resumed(tmp_path, ["attention", "attention_naive", "swin", "linear", "mamba"],
+                        [16, 32, 48, 64, 96], fault=r'^attention micro \{"depth":2\}|96px/p16')

@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--channels", type=int_at_least(1), default=192, help="scanned channels D")
     parser.add_argument("--length", type=int_at_least(1), default=1024, help="time steps L")
     parser.add_argument("--d-state", type=int_at_least(1), default=16, help="state size N")
-    parser.add_argument("--repeats", type=int_at_least(1), default=7, help="timed blocks per case (median and IQR over these)")
+    parser.add_argument("--repeats", type=int_at_least(1), default=7,
+                        help="timed blocks per case (median and IQR over these)")
     parser.add_argument("--block-seconds", type=positive_float, default=0.3, help="target length of one timed block")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--skip-float64", action="store_true", help="skip the float64 reference (slow at large L)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import re
 import time
 from pathlib import Path
 from contextlib import nullcontext
@@ -22,6 +24,10 @@ from .provenance import provenance
 from .timing import time_call
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Fault injection for tests: a point whose label (`Point.label()`) matches this regular expression fails as a
+# point would, with status error. Read in the worker, so a sweep started with it set fails those points in every
+# run; never set outside tests (tests/test_faults.py).
+FAULT_VARIABLE = "MIXERBENCH_FAULT"
 ERF_IMAGES = 64  # test images the effective receptive field maps average over
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
 # Under an address-space cap (--memory-limit-mb, RLIMIT_AS) a failed allocation often surfaces as something else:
@@ -232,6 +238,13 @@ def describe_without_running(point: Point) -> dict[str, object]:
     return row
 
 
+def _inject_fault(point: Point) -> None:
+    """Raises for a point that `FAULT_VARIABLE` names (tests only)."""
+    pattern = os.environ.get(FAULT_VARIABLE)
+    if pattern and re.search(pattern, point.label()):
+        raise RuntimeError(f"fault injected by {FAULT_VARIABLE}={pattern}")
+
+
 def measure_point(point: Point) -> dict[str, object]:
     """Produces the row for `point`; never raises for a failure of the point itself (it becomes the status)."""
     started = time.perf_counter()
@@ -241,6 +254,7 @@ def measure_point(point: Point) -> dict[str, object]:
     dtype = DTYPES[point.dtype]
     row: dict[str, object] = {"status": "ok", "error": ""}
     try:
+        _inject_fault(point)
         torch.manual_seed(point.seed)
         model = build_model(point)
         row.update(describe(point, model))
