@@ -9,11 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.measure.point import Point
+from experiments.measure.run import is_out_of_memory
+from experiments.measure.timing import TimingProtocol
 from experiments.report.__main__ import main as report_main
 from experiments.report.build import build_report, load_runs
 from experiments.runs_csv import RunsFileError
 from experiments.schema import COLUMNS
-from experiments.sweep.__main__ import main
+from experiments.sweep.__main__ import main, pending_points
+from experiments.sweep.isolation import run_isolated
 from experiments.sweep.out_dir import SweepLock
 from experiments.sweep.runs_file import append_row, read_rows
 
@@ -92,6 +96,18 @@ def test_full_disk_stops_the_sweep_with_one_line(tmp_path: Path, monkeypatch, ca
     one_line_error(capsys, "cannot write a row to", "No space left on device", "rerun to resume")
     assert [r["img_size"] for r in read_rows(out / "runs.csv")] == ["16"]
     assert not (out / "summary.md").exists()  # no report of a sweep that stopped
+
+
+def test_full_disk_at_the_start_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue 20, defect 7: the lock's details are the sweep's first write; a full disk there was a traceback."""
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    out = tmp_path / "out"
+    assert main(["--config", str(write_config(tmp_path)), "--out", str(out), "--quiet", "--no-plan"]) == 2
+    one_line_error(capsys, "cannot write", ".sweep.lock", "No space left on device", "free space")
+    assert not (out / "runs.csv").exists()
 
 
 # --- 2, 7. one reader for the sweep and the report -----------------------------------------------------------
@@ -266,3 +282,140 @@ def test_summary_counts_diverged_points_as_ran(tmp_path: Path) -> None:
                                            "dataset": "pathfinder", "accuracy": 0.5})
     build_report(tmp_path)
     assert "Cost: 2 points (all ran)" in (tmp_path / "summary.md").read_text()
+
+
+# --- issue 20, defect 5: memory walls under --memory-limit-mb are labelled oom ------------------------------------
+
+QUICK = TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0)
+# What an address-space cap makes of an allocation: oneDNN's primitive creation, a thread's stack (EAGAIN).
+LIMIT_ERRORS = [
+    RuntimeError("could not create a primitive descriptor for a matmul primitive"),
+    OSError(errno.EAGAIN, os.strerror(errno.EAGAIN)),
+    RuntimeError("can't start new thread"),
+]
+
+
+def _point(**kwargs) -> Point:
+    defaults = dict(mixer="linear", preset="micro", img_size=16, patch_size=8, batch_size=1, timing=QUICK,
+                    overrides='{"depth":1}')
+    return Point(**{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize("error", LIMIT_ERRORS, ids=["onednn", "eagain", "thread"])
+def test_limit_failures_are_oom_only_under_a_memory_limit(error: BaseException) -> None:
+    assert is_out_of_memory(error, memory_limited=True)
+    assert not is_out_of_memory(error)  # without a cap they are faults of their own, not a memory wall
+
+
+@pytest.mark.parametrize("where", ["inference", "train_step"])
+def test_a_primitive_that_cannot_be_created_under_the_limit_is_an_oom_row(monkeypatch, where: str) -> None:
+    import experiments.measure.run as run
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("could not create a primitive")
+
+    monkeypatch.setattr(run, f"measure_{where}", fails)
+    limited = run.measure_point(_point(memory_limit_mb=4096))
+    unlimited = run.measure_point(_point())
+    if where == "inference":
+        assert (limited["status"], unlimited["status"]) == ("oom", "error")
+    else:  # the inference stands; the training step is its own wall
+        assert limited["status"] == "ok" and limited["train_status"] == "oom"
+        assert unlimited["status"] == "error"
+
+
+def _thread_fails(p: Point) -> dict:
+    raise RuntimeError("can't start new thread")
+
+
+def _aborts(p: Point) -> dict:
+    os.abort()
+
+
+@pytest.mark.parametrize("target", [_thread_fails, _aborts])
+def test_isolated_worker_failing_under_the_limit_is_oom(target) -> None:
+    assert run_isolated(target, _point(memory_limit_mb=4096), 60)["status"] == "oom"
+    assert run_isolated(target, _point(), 60)["status"] == "error"
+
+
+def test_retry_failed_reruns_ok_rows_whose_training_step_hit_a_wall() -> None:
+    points = [_point(img_size=s) for s in (16, 32, 48, 64)]
+    done = {points[0].key: {"status": "ok", "train_status": "ok"},
+            points[1].key: {"status": "ok", "train_status": "oom"},
+            points[2].key: {"status": "ok", "train_status": "skipped"}}
+    assert pending_points(points, done, retry_failed=False) == [points[3]]
+    assert pending_points(points, done, retry_failed=True) == points[1:]
+
+
+# --- issue 20: errors forced on some points, the sweep killed and resumed: every row once, and a report --------
+
+def _fault_sweep_config(tmp_path: Path, mixers: list[str], img_sizes: list[int]) -> tuple[Path, list[Point]]:
+    """A cost sweep of two override settings (depth 1 and 2) at patch sizes 8 and 16: the config and its points."""
+    from experiments.sweep.config import config_from_dict, load_config
+    from mixers import list_mixers
+
+    text = tiny_config(mixers, img_sizes).replace("patch_sizes = [8]", "patch_sizes = [8, 16]")
+    text += '\n[[runs]]\noverrides = {"*" = {depth = 1}}\n\n[[runs]]\noverrides = {"*" = {depth = 2}}\n'
+    path = write_config(tmp_path, text)
+    return path, config_from_dict(*load_config(str(path))).points(list_mixers())
+
+
+def _killed_and_resumed(tmp_path: Path, mixers: list[str], img_sizes: list[int], fault: str) -> None:
+    """Runs the sweep in its own process group with `fault` forced, SIGKILLs the group partway, reruns the same
+    command to the end, and checks that every point has exactly one row, the forced ones error, and a report."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from experiments.measure.run import FAULT_VARIABLE
+    from experiments.sweep.runs_file import latest_by_key
+
+    config, points = _fault_sweep_config(tmp_path, mixers, img_sizes)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "experiments.sweep", "--config", str(config), "--out", str(out), "--quiet",
+               "--no-plan"]
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, FAULT_VARIABLE: fault, "PYTHONPATH": str(repo)}
+    runs = out / "runs.csv"
+
+    def rows_written() -> int:
+        return max(len(runs.read_bytes().splitlines()) - 1, 0) if runs.exists() else 0
+
+    sweep = subprocess.Popen(command, cwd=repo, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        while rows_written() < len(points) // 3 and sweep.poll() is None:
+            time.sleep(0.05)
+    finally:
+        os.killpg(sweep.pid, signal.SIGKILL)  # the sweep, its fork server and whatever else is in its group
+        sweep.communicate()
+    assert rows_written() < len(points), "the sweep ended before it was killed: nothing was resumed"
+    resumed = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    rows = read_rows(runs)
+    keys = [p.key for p in points]
+    assert len(rows) == len(points) and set(latest_by_key(rows)) == set(keys)  # each point once, none twice
+    forced = {p.key for p in points if re.search(fault, p.label())}
+    assert 0 < len(forced) < len(points)
+    statuses = {key: row["status"] for key, row in latest_by_key(rows).items()}
+    assert {k for k, s in statuses.items() if s == "error"} == forced
+    assert all(statuses[k] == "ok" for k in set(keys) - forced)
+    assert (out / "summary.md").exists() and (out / "tables" / "costs.csv").exists()
+    assert list((out / "figures").glob("wall*.png"))
+
+
+def test_forced_errors_kill_and_resume_leave_every_row_once(tmp_path: Path) -> None:
+    """20 points: one mixer's depth-2 setting errors at every point, at two patch sizes (issue 20, defect 4's
+    shape), with the sweep killed a third of the way through."""
+    _killed_and_resumed(tmp_path, ["linear"], [16, 32, 48, 64, 96], fault=r'\{"depth":2\}')
+
+
+@pytest.mark.slow
+def test_forced_errors_kill_and_resume_at_scale(tmp_path: Path) -> None:
+    """100 points (every built-in mixer, five sizes, two patch sizes, two depths); attention's depth-2 setting
+    and every 96 px / patch 16 point error."""
+    _killed_and_resumed(tmp_path, ["attention", "attention_naive", "swin", "linear", "mamba"],
+                        [16, 32, 48, 64, 96], fault=r'^attention micro \{"depth":2\}|96px/p16')

@@ -30,13 +30,20 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from torch.utils.benchmark import Measurement, Timer
 
 from mixers.selective_scan import resolve_scan_impl, selective_scan, selective_scan_loop, selective_scan_reference
 
 from .record import provenance_columns, provenance_line, write_rows
+from .cli import Parser, int_at_least, positive_float
+
+# torch.utils.benchmark is imported where it times: on a CUDA build without a CUDA runtime its import logs a
+# warning, and a bad argument must stop in one line before that.
+if TYPE_CHECKING:
+    from torch.utils.benchmark import Measurement
+
 
 GET_SOURCE = (
     "MAMBA_SKIP_CUDA_BUILD=TRUE pip download --no-deps --no-binary :all: --no-build-isolation "
@@ -95,6 +102,8 @@ def make_inputs(batch: int, channels: int, length: int, d_state: int, seed: int)
 
 def time_it(fn: Callable[[], object], num_threads: int, repeats: int, block_seconds: float) -> Measurement:
     """`repeats` timed blocks of `fn` with `Timer`, each block about `block_seconds` long, after a warm-up call."""
+    from torch.utils.benchmark import Measurement, Timer
+
     timer = Timer("fn()", globals={"fn": fn}, num_threads=num_threads)
     once = timer.timeit(number=1).median
     number = max(1, round(block_seconds / max(once, 1e-9)))
@@ -170,7 +179,8 @@ def bench_cuda(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
+        prog="python -m experiments.bench.scan",
         description="Time our pure-PyTorch selective scan against mamba-ssm's selective_scan_ref (CPU, fp32): "
         "forward and forward+backward medians and IQRs, speed-ups, and the largest differences of outputs and "
         "gradients (also against a float64 reference).",
@@ -178,15 +188,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--mamba-src", type=Path, default=None,
                         help=f"unpacked mamba-ssm source folder (holds mamba_ssm/); get it with: {GET_SOURCE}")
-    parser.add_argument("--num-threads", type=int, default=torch.get_num_threads(),
+    parser.add_argument("--num-threads", type=int_at_least(1, 4096), default=torch.get_num_threads(),
                         help="intra-op threads for every timing (Timer's own default would be one)")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--channels", type=int, default=192, help="scanned channels D")
-    parser.add_argument("--length", type=int, default=1024, help="time steps L")
-    parser.add_argument("--d-state", type=int, default=16, help="state size N")
-    parser.add_argument("--repeats", type=int, default=7, help="timed blocks per case (median and IQR over these)")
-    parser.add_argument("--block-seconds", type=float, default=0.3, help="target length of one timed block")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int_at_least(1), default=1)
+    parser.add_argument("--channels", type=int_at_least(1), default=192, help="scanned channels D")
+    parser.add_argument("--length", type=int_at_least(1), default=1024, help="time steps L")
+    parser.add_argument("--d-state", type=int_at_least(1), default=16, help="state size N")
+    parser.add_argument("--repeats", type=int_at_least(1), default=7,
+                        help="timed blocks per case (median and IQR over these)")
+    parser.add_argument("--block-seconds", type=positive_float, default=0.3, help="target length of one timed block")
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--skip-float64", action="store_true", help="skip the float64 reference (slow at large L)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: time the GPU implementations over L = 1K..64K instead (see bench_cuda)")

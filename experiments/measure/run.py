@@ -5,7 +5,10 @@ Called inside an isolated worker (experiments/sweep/isolation.py), so an out-of-
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
+import re
 import time
 from pathlib import Path
 from collections.abc import Callable
@@ -27,15 +30,39 @@ from .throughput import at_max_batch
 from .timing import TimingProtocol, time_call
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Fault injection for tests: a point whose label (`Point.label()`) matches this regular expression fails as a
+# point would, with status error. Read in the worker, so a sweep started with it set fails those points in every
+# run; never set outside tests (tests/test_faults.py).
+FAULT_VARIABLE = "MIXERBENCH_FAULT"
 ERF_IMAGES = 64  # test images the effective receptive field maps average over
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+# Under an address-space cap (--memory-limit-mb, RLIMIT_AS) a failed allocation often surfaces as something else:
+# oneDNN cannot allocate its scratchpad and reports that it "could not create a primitive", and a thread stack
+# cannot be mapped, so starting a thread fails with EAGAIN ("Resource temporarily unavailable", Python's "can't
+# start new thread"). Without a cap these mean a real fault (an unsupported shape, a process limit), so they are
+# read as out of memory only when the point ran under one.
+LIMIT_OOM_MARKERS = ("could not create a primitive", "resource temporarily unavailable", "can't start new thread")
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's / Python's refusal to allocate."""
+def is_out_of_memory(error: BaseException, memory_limited: bool = False) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's / Python's refusal to allocate.
+
+    Args:
+        error: what the point raised.
+        memory_limited: the point ran under a memory cap; then the ways that cap shows besides an allocator's
+            refusal (`LIMIT_OOM_MARKERS`, EAGAIN) count as out of memory too.
+    """
     if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in OOM_MARKERS)
+    if not isinstance(error, (RuntimeError, OSError)):
+        return False
+    message = str(error).lower()
+    if any(m in message for m in OOM_MARKERS):
+        return True
+    if not memory_limited:
+        return False
+    return any(m in message for m in LIMIT_OOM_MARKERS) or getattr(error, "errno", None) in (errno.EAGAIN,
+                                                                                            errno.ENOMEM)
 
 
 def build_model(point: Point, *, num_classes: int = 1000, in_chans: int = 3, device: str | None = None) -> ViT:
@@ -272,7 +299,7 @@ def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: tor
         row["train_status"], row["error"] = "error", f"train step: {error}"
         return ""
     except Exception as error:  # noqa: BLE001
-        if not is_out_of_memory(error):
+        if not is_out_of_memory(error, bool(point.memory_limit_mb)):
             raise
         return f"{type(error).__name__}: {error}".splitlines()[0][:400]
 
@@ -286,7 +313,7 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _count_fvcore_or_note(model: ViT, device: torch.device, row: dict) -> None:
+def _count_fvcore_or_note(model: ViT, device: torch.device, row: dict, memory_limited: bool = False) -> None:
     """fvcore's MACs for one image, traced in float32 on the point's device.
 
     The trace runs a real forward, which can need more memory than the measured one (float32, and after the
@@ -297,7 +324,7 @@ def _count_fvcore_or_note(model: ViT, device: torch.device, row: dict) -> None:
             example = torch.randn(1, model.in_chans, *model.img_size, device=device)
             row["macs"] = fvcore_macs(model.eval().float(), example)
     except Exception as error:  # noqa: BLE001
-        if not is_out_of_memory(error):
+        if not is_out_of_memory(error, memory_limited):
             raise
         row["error"] = "; ".join(filter(None, [row["error"], "fvcore count: out of memory (macs left empty)"]))
         _free(device)
@@ -315,6 +342,13 @@ def describe_without_running(point: Point) -> dict[str, object]:
     return row
 
 
+def _inject_fault(point: Point) -> None:
+    """Raises for a point that `FAULT_VARIABLE` names (tests only)."""
+    pattern = os.environ.get(FAULT_VARIABLE)
+    if pattern and re.search(pattern, point.label()):
+        raise RuntimeError(f"fault injected by {FAULT_VARIABLE}={pattern}")
+
+
 def measure_point(point: Point) -> dict[str, object]:
     """Produces the row for `point`; never raises for a failure of the point itself (it becomes the status)."""
     started = time.perf_counter()
@@ -324,6 +358,7 @@ def measure_point(point: Point) -> dict[str, object]:
     dtype = DTYPES[point.dtype]
     row: dict[str, object] = {"status": "ok", "error": ""}
     try:
+        _inject_fault(point)
         torch.manual_seed(point.seed)
         model = build_model(point)
         row.update(describe(point, model))
@@ -338,12 +373,12 @@ def measure_point(point: Point) -> dict[str, object]:
             if train_oom:  # inference results stand; the training wall is its own data point
                 row["train_status"], row["error"] = "oom", f"train step: {train_oom}"
                 _free(device)
-        _count_fvcore_or_note(model, device, row)
+        _count_fvcore_or_note(model, device, row, bool(point.memory_limit_mb))
         del model
         if point.epochs > 0:
             row.update(train_point(point, device, dtype))
     except Exception as error:  # noqa: BLE001 - any failure of this point is recorded, never raised
-        row["status"] = "oom" if is_out_of_memory(error) else "error"
+        row["status"] = "oom" if is_out_of_memory(error, bool(point.memory_limit_mb)) else "error"
         row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:500]
     if "macs_analytic" in row:  # known even past the memory wall, so cost curves continue there
         row["gmacs"] = row["macs_analytic"] / 1e9

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from .build import ReportError, build_report, check_headline_target, write_headline
-from .claims import ClaimsError
+from .claims import ClaimsError, load_claims
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(e.g. vim_1248) or a TOML path; adds tables/claims.* and a section to summary.md")
     args = parser.parse_args(argv)
     try:
-        if args.readme:
-            check_headline_target(args.readme, args.headline)  # before the report is rewritten, not after
+        if args.readme:  # before the report is rewritten, not after
+            check_headline_target(args.readme, args.headline, args.sweep_dir)
+        if args.claims:
+            load_claims(args.claims)  # likewise: a bad claims file stops before anything is written
         # refuses links at runs.csv, tables/, figures/ and summary.md, and a summary.md it did not write
         written = build_report(args.sweep_dir, claims=args.claims)
         if args.readme:

@@ -493,11 +493,18 @@ def headline_markers(section: str = "") -> tuple[str, str]:
     return f"<!-- headline:{section}:start -->", f"<!-- headline:{section}:end -->"
 
 
-def check_headline_target(readme: Path, section: str = "") -> str:
+def check_headline_target(readme: Path, section: str = "", sweep_dir: Path | None = None) -> str:
     """The text of `readme`, after checking it can take a headline (so a report is not rebuilt for nothing).
 
+    Args:
+        readme: the Markdown file.
+        section: names the markers, as for `headline_markers`.
+        sweep_dir: the sweep whose figures the headline links: it must lie under the README's folder, since
+            the links are relative to that folder.
+
     Raises:
-        ReportError: the file is missing, unreadable, or has no headline markers.
+        ReportError: the file is missing or unreadable, its markers are missing, repeated or reversed, or the
+            sweep lies outside its folder.
     """
     start_marker, end_marker = headline_markers(section)
     try:
@@ -507,6 +514,13 @@ def check_headline_target(readme: Path, section: str = "") -> str:
         raise ReportError(f"--readme {readme}: cannot read it ({reason}); give an existing Markdown file") from None
     if start_marker not in text or end_marker not in text:
         raise ReportError(f"{readme} has no {start_marker} ... {end_marker} markers to write between")
+    if text.count(start_marker) > 1 or text.count(end_marker) > 1:
+        raise ReportError(f"{readme} has {start_marker} or {end_marker} more than once; keep one pair")
+    if text.index(end_marker) < text.index(start_marker):
+        raise ReportError(f"{readme} has {end_marker} before {start_marker}; put the start marker first")
+    if sweep_dir is not None and not sweep_dir.resolve().is_relative_to(readme.parent.resolve()):
+        raise ReportError(f"--readme {readme}: the sweep {sweep_dir} is not under the README's folder, so its "
+                          "figures cannot be linked from it; give a README in a folder that holds the sweep")
     return text
 
 
@@ -517,7 +531,7 @@ def write_headline(readme: Path, sweep_dir: Path, section: str = "") -> None:
     `section` names another pair of markers (`<!-- headline:gpu:start -->`), so one README holds several.
     """
     start_marker, end_marker = headline_markers(section)
-    text = check_headline_target(readme, section)
+    text = check_headline_target(readme, section, sweep_dir)
     runs = load_runs(sweep_dir / "runs.csv")
     curves = cost_curve_rows(runs)
     keys = curve_keys(curves)

@@ -40,15 +40,57 @@ def load_claims(name_or_path: str) -> tuple[str, list[dict]]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ClaimsError(f"{path}: not valid UTF-8 TOML ({error})") from None
+    except OSError as error:
+        raise ClaimsError(f"{path}: cannot read it ({error.strerror or error})") from None
     claims = data.get("claims")
     if not isinstance(claims, list) or not claims:
         raise ClaimsError(f"{path}: needs one or more [[claims]] tables")
+    unknown = set(data) - {"source", "claims"}
+    if unknown or not isinstance(data.get("source", ""), str):
+        raise ClaimsError(f"{path}: a claims file holds source = \"...\" and [[claims]] tables; "
+                          f"{'unknown field(s) ' + ', '.join(sorted(unknown)) if unknown else 'source is not text'}")
     for index, claim in enumerate(claims):
+        if not isinstance(claim, dict):
+            raise ClaimsError(f"{path}: claims[{index}] must be a [[claims]] table, got {claim!r}")
         missing = {"text", "metric", "mixer", "references", "img_size"} - set(claim)
         if missing or ("factor" in claim) == ("saving" in claim):
             raise ClaimsError(f"{path}: claims[{index}] needs text, metric, mixer, references, img_size and "
                               f"exactly one of factor or saving (missing: {', '.join(sorted(missing)) or 'none'})")
+        problem = _claim_problem(claim)
+        if problem:
+            raise ClaimsError(f"{path}: claims[{index}] {problem}")
     return str(data.get("source", "")), claims
+
+
+# Costs where lower is better, so that reference / mixer is the mixer's advantage.
+METRICS = ("latency_ms", "peak_mem_mb", "peak_mem_reserved_mb", "train_step_ms", "train_peak_mem_mb", "gmacs",
+           "gflops", "params")
+_FIELDS = ("text", "metric", "mixer", "references", "img_size", "factor", "saving")
+
+
+def _claim_problem(claim: dict) -> str:
+    """What is wrong with one claim's fields (names and types), or "" when nothing is."""
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    unknown = set(claim) - set(_FIELDS)
+    if unknown:
+        return f"has unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(_FIELDS)}"
+    if not all(isinstance(claim[k], str) and claim[k] for k in ("text", "mixer")):
+        return "text and mixer must be non-empty text"
+    if claim["metric"] not in METRICS:
+        return f"metric must be one of {', '.join(METRICS)} (a cost, lower is better), got {claim['metric']!r}"
+    references = claim["references"]
+    if not isinstance(references, list) or not references or not all(isinstance(r, str) for r in references):
+        return f"references must be a list of mixer names, got {references!r}"
+    size = claim["img_size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return f"img_size must be a positive integer (pixels), got {size!r}"
+    if "factor" in claim and not (number(claim["factor"]) and claim["factor"] > 0):
+        return f"factor must be a number > 0 (reference / mixer), got {claim['factor']!r}"
+    if "saving" in claim and not (number(claim["saving"]) and claim["saving"] < 1):
+        return f"saving must be a number < 1 (1 - mixer / reference), got {claim['saving']!r}"
+    return ""
 
 
 def verdict(measured: float, claimed: float) -> str:

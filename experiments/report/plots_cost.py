@@ -184,6 +184,8 @@ def patch_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     for facet in facets(runs, facet_keys(runs)):
         points = cost_points(facet.rows, ["latency_ms"])
         points = points[points["status"] == "ok"].dropna(subset=["latency_ms"])
+        if points.empty:
+            continue  # a setting that failed at every point has no line to draw (its rows stay in the tables)
         accuracy = _accuracy_line_points(facet.rows)
         panels = [("tokens", "latency_ms", points), ("img_size", "latency_ms", points)]
         if accuracy is not None:

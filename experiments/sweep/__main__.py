@@ -126,9 +126,15 @@ def key_columns(point: Point) -> dict[str, object]:
 
 
 def pending_points(points: list[Point], done: dict, retry_failed: bool) -> list[Point]:
+    """The points with no row yet; with `retry_failed`, also those whose last row failed, whole or in its training
+    step (an ok row whose train_status is oom or skipped: a wall a busy machine or a mislabelled error put there
+    would otherwise stay in the summary)."""
     def needs_run(point: Point) -> bool:
         row = done.get(point.key)
-        return row is None or (retry_failed and row["status"] not in ("ok", "diverged"))
+        if row is None:
+            return True
+        failed = row["status"] not in ("ok", "diverged") or row.get("train_status") in ("oom", "skipped")
+        return retry_failed and failed
 
     return [p for p in points if needs_run(p)]
 

@@ -113,6 +113,7 @@ class SweepConfig:
         return sorted(points.values(), key=lambda p: (*p.group, p.tokens, p.img_size))
 
     def _grid(self, available_mixers: list[str]) -> list[Point]:
+        check_override_mixers(self, available_mixers)
         mixers = self.mixers or tuple(available_mixers)
         unknown = [m for m in mixers if m not in available_mixers]
         if unknown:
@@ -248,13 +249,36 @@ def _as_field(name: str, value: object, where: str) -> object:
             raise ConfigError(f"{prefix}{name} must be a list of strings, got {value!r}")
         return tuple(values)
     expected = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict}.get(kind)
-    if expected and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+    # bool is an int subclass: `timeout_s = true` is a typo, not a request for 1 s.
+    if expected and (not isinstance(value, expected) or (kind in ("int", "float") and isinstance(value, bool))):
         raise ConfigError(f"{prefix}{name} must be of type {kind}, got {value!r}")
+    if kind == "float" and isinstance(value, int) and abs(value) > LIMITS.get(name, 2**53):
+        raise ConfigError(f"{prefix}{name} must be <= {LIMITS.get(name, 2**53):,}, got {value:,}")
     return float(value) if kind == "float" else value
 
 
 # A config's name is a folder name (results/local/<name>): one plain path component, never a path.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+
+
+# Upper bounds on numbers far past any machine: a typo such as img_sizes = [10**30] is refused with the bound
+# instead of failing every point (or overflowing a C integer inside torch, or building a 10**30-block model).
+LIMITS: dict[str, int] = {
+    "img_sizes": 65_536,  # px: 4096^2 tokens at patch 16
+    "patch_sizes": 65_536,
+    "batch_sizes": 1 << 20,
+    "epochs": 100_000,
+    "timeout_s": 30 * 86_400,  # s; a time limit past 30 days is a typo, and poll() overflows on huge values
+    "memory_limit_mb": 1 << 30,  # MiB, 1 PiB
+    "num_threads": 4096,
+}
+MAX_SEED = 2**32 - 1  # numpy's legacy seeding (np.random.seed, in training) takes 0 .. 2**32 - 1
+MAX_OVERRIDE_INT = 65_536  # any integer in `overrides` (dim, depth, heads, window sizes, state sizes)
+# The grid lists a point is a product of: an empty one would run nothing and exit 0. (`mixers` is left out: its
+# empty value is documented to mean every registered mixer.)
+GRID_LISTS = ("presets", "img_sizes", "patch_sizes", "batch_sizes", "seeds")
+
+
 def _batch_sizes(value: object, prefix: str) -> object:
     """Batch sizes with "max" as `MAX_BATCH`; a literal 0 is refused, so "max" is always written as such."""
     values = value if isinstance(value, (list, tuple)) else [value]
@@ -276,16 +300,24 @@ def batch_size_arg(text: str) -> int | str:
 
 
 def check_fields(config: SweepConfig, where: str) -> None:
+    """Refuses a field of `config` that cannot run, with one message naming it (`where` names the run)."""
     prefix = f"{where}: " if where else ""
     if not isinstance(config.name, str) or not _PLAIN_NAME.fullmatch(config.name) or ".." in config.name:
         raise ConfigError(f"{prefix}name names the results folder, so it must be letters, digits, '_', '-' and '.' "
                           f"(no '/' or '..', no leading '.', at most 100), got {config.name!r}")
-    for name in ("img_sizes", "patch_sizes", "batch_sizes"):
+    _check_numbers(config, prefix)
+    for name in GRID_LISTS:
         values = getattr(config, name)
         if not values:
-            raise ConfigError(f"{prefix}{name} must not be empty")
+            raise ConfigError(f"{prefix}{name} must not be empty: a sweep is the product of its lists, so an empty "
+                              "one would run nothing; give at least one value")
+    for name in ("img_sizes", "patch_sizes", "batch_sizes"):
+        values = getattr(config, name)
         if any(v < 1 and not (name == "batch_sizes" and v == MAX_BATCH) for v in values):
             raise ConfigError(f"{prefix}{name} must be >= 1, got {list(values)}")
+    if any(not 0 <= s <= MAX_SEED for s in config.seeds):  # else every point would fail on the same seed
+        raise ConfigError(f"{prefix}seeds must be integers in 0 .. {MAX_SEED} (what numpy's seeding takes), "
+                          f"got {list(config.seeds)}")
     if config.device not in DEVICES:
         raise ConfigError(f"{prefix}device must be one of {', '.join(DEVICES)}, got {config.device!r}")
     if config.dtype not in DTYPES:
@@ -307,6 +339,7 @@ def check_fields(config: SweepConfig, where: str) -> None:
     if config.num_threads < 0:
         raise ConfigError(f"{prefix}num_threads must be >= 0 (0: chosen from the free cores), got {config.num_threads}")
     _check_tables(config, prefix)
+    _check_overrides(config, prefix)
     if config.memory_limit_mb and config.device == "cuda":
         raise ConfigError(f"{prefix}memory_limit_mb caps CPU memory only; leave it at 0 with device cuda")
     for name, value in config.timing.items():
@@ -325,6 +358,65 @@ def check_fields(config: SweepConfig, where: str) -> None:
 
 
 _TIMING_TYPES = {f.name: int if f.type == "int" else (int, float) for f in dataclasses.fields(TimingProtocol)}
+
+
+def _check_numbers(config: SweepConfig, prefix: str) -> None:
+    """Numeric fields hold numbers of their type, never booleans (`timeout_s = true` is a typo, not 1 s), and
+    stay under `LIMITS`."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.type == "tuple[int, ...]":
+            if any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+                raise ConfigError(f"{prefix}{f.name} must be a list of integers, got {list(value)!r}")
+        elif f.type in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    f.type == "int" and not isinstance(value, int)):
+                what = "an integer" if f.type == "int" else "a number"
+                raise ConfigError(f"{prefix}{f.name} must be {what}, got {value!r}")
+        else:
+            continue
+        limit = LIMITS.get(f.name)
+        largest = max(value, default=0) if isinstance(value, tuple) else value
+        finite = isinstance(largest, int) or math.isfinite(largest)  # inf and nan: refused below, by name
+        if limit is not None and finite and largest > limit:
+            shown = f"{largest:,}" if isinstance(largest, int) else f"{largest:g}"
+            raise ConfigError(f"{prefix}{f.name} must be <= {limit:,}, got {shown}; "
+                              "that is far past what any machine runs, so it is taken for a typo")
+
+
+def _check_overrides(config: SweepConfig, prefix: str) -> None:
+    """Override values are data a ViT can take: no booleans where a number goes, no huge integers."""
+    for mixer, table in config.overrides.items():
+        for name, value in _leaves(table):
+            where = f"{prefix}overrides.{mixer}.{name}"
+            if isinstance(value, bool) and name in _VIT_NUMBERS:
+                raise ConfigError(f"{where} must be a number, got {value!r}")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_OVERRIDE_INT:
+                raise ConfigError(f"{where} must be at most {MAX_OVERRIDE_INT:,} in size, got {value:,}; "
+                                  "that is far past what any machine builds, so it is taken for a typo")
+
+
+_VIT_NUMBERS = ("dim", "depth", "num_heads", "mlp_ratio", "drop_path_rate")
+
+
+def _leaves(table: dict, path: str = "") -> list[tuple[str, object]]:
+    """(dotted name, value) of every non-table value under `table`."""
+    leaves = []
+    for key, value in table.items():
+        name = f"{path}{key}"
+        leaves += _leaves(value, f"{name}.") if isinstance(value, dict) else [(name, value)]
+    return leaves
+
+
+def check_override_mixers(config: SweepConfig, available_mixers: list[str]) -> None:
+    """An override names "*" or a registered mixer: `[overrides.mambaa]` would otherwise be ignored.
+
+    Registered, not selected: one file may hold overrides for every mixer and `--mixers` pick a few.
+    """
+    unknown = [key for key in config.overrides if key != "*" and key not in available_mixers]
+    if unknown:
+        raise ConfigError(f"overrides.{unknown[0]}: no mixer {unknown[0]!r} is registered; an override table is "
+                          f"named \"*\" (every mixer) or one of {', '.join(available_mixers)}")
 
 
 def _check_tables(config: SweepConfig, prefix: str) -> None:

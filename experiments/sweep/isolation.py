@@ -62,10 +62,19 @@ def _child(target: Callable[[Point], Row], point: Point, conn, sweep_pid: int) -
             _limit_address_space(point.memory_limit_mb)
         conn.send(target(point))
     except BaseException as error:  # noqa: BLE001 - report, never die silently
-        conn.send({"status": "error", "error": f"worker: {type(error).__name__}: {error}"[:500],
-                   "traceback": traceback.format_exc()})
+        conn.send({"status": _failure_status(error, point),
+                   "error": f"worker: {type(error).__name__}: {error}"[:500], "traceback": traceback.format_exc()})
     finally:
         conn.close()
+
+
+def _failure_status(error: BaseException, point: Point) -> str:
+    """oom or error, for what escaped the point's own handling (a thread that could not start, say)."""
+    try:
+        from ..measure.run import is_out_of_memory  # loaded in the fork server already: no new allocation
+    except BaseException:  # noqa: BLE001 - a child too short of memory to import still reports its row
+        return "error"
+    return "oom" if is_out_of_memory(error, bool(point.memory_limit_mb)) else "error"
 
 
 @lru_cache(maxsize=1)
@@ -110,7 +119,7 @@ def run_isolated(target: Callable[[Point], Row], point: Point, timeout_s: float)
         process.join()
         _kill_group(process.pid)
     if row is None:
-        row = _death_row(process.exitcode)
+        row = _death_row(process.exitcode, point.memory_limit_mb)
     row.pop("traceback", None)
     return row
 
@@ -123,7 +132,12 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _death_row(exitcode: int | None) -> Row:
+def _death_row(exitcode: int | None, memory_limit_mb: int = 0) -> Row:
     if exitcode == -signal.SIGKILL:
         return {"status": "oom", "error": "worker killed by SIGKILL, the usual sign of the kernel's OOM killer"}
+    if exitcode == -signal.SIGABRT and memory_limit_mb:
+        # Under the cap a C++ allocation or thread start that fails where nothing catches it (std::bad_alloc,
+        # std::system_error EAGAIN in a worker thread) ends in std::terminate, that is SIGABRT.
+        return {"status": "oom", "error": f"worker aborted (SIGABRT) under the {memory_limit_mb} MiB memory limit, "
+                "the usual sign of an allocation or thread start the limit refused"}
     return {"status": "error", "error": f"worker died with exit code {exitcode} before reporting"}

@@ -118,8 +118,13 @@ class SweepLock:
             raise OutDirError(f"{self.path.parent} is in use by another sweep ({holder}); wait for it to end "
                               "or choose another --out") from None
         started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
+        except OSError as error:  # a full disk at the start: nothing has run, say so before anything does
+            os.close(fd)
+            raise OutDirError(f"cannot write {self.path}: {error.strerror or error}; free space (or choose another "
+                              "--out) and rerun") from None
         self._fd = fd
         return self
 

@@ -4,6 +4,8 @@ Each returns a `DatasetBundle`; `datasets.build_dataset` picks one by name.
 """
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,25 @@ CIFAR_STATS: dict[str, tuple[tuple[float, float, float], tuple[float, float, flo
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 _IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+# More classes than any image data set has (ImageNet-21k: 21,841): labels past it are ids, not class indices, and
+# would build a head of that many outputs (a label of 5e7 asked for a 5e7-class head).
+MAX_CLASSES = 100_000
+# What a damaged .npz raises while an array is read: a cut-off member, a bad zip, a bad header.
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _read(path: Path, f: np.lib.npyio.NpzFile, name: str) -> np.ndarray:
+    """One array of the file, or a DatasetError that says why it cannot be read."""
+    try:
+        return f[name]
+    except ValueError as err:
+        if "allow_pickle" not in str(err):
+            raise DatasetError(f"{path}: cannot read the array {name} ({err}); save it again with np.savez") from None
+        raise DatasetError(f"{path}: {name} is an object array; it is not loaded, since unpickling it could run "
+                           "code (np.load with allow_pickle=False): save images and labels as numeric arrays") from None
+    except _READ_ERRORS as err:
+        raise DatasetError(f"{path}: cannot read the array {name} ({type(err).__name__}: {err}); the file is "
+                           "damaged or cut short, save it again with np.savez") from None
 
 
 def _check_arrays(path: Path, f: np.lib.npyio.NpzFile) -> tuple[np.ndarray, ...]:
@@ -28,7 +49,7 @@ def _check_arrays(path: Path, f: np.lib.npyio.NpzFile) -> tuple[np.ndarray, ...]
         )
     out = []
     for split in ("train", "test"):
-        x, y = f[f"x_{split}"], f[f"y_{split}"]
+        x, y = _read(path, f, f"x_{split}"), _read(path, f, f"y_{split}")
         if x.ndim == 3:
             x = x[..., None]
         if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] not in (1, 3):
@@ -42,8 +63,15 @@ def _check_arrays(path: Path, f: np.lib.npyio.NpzFile) -> tuple[np.ndarray, ...]
             )
         if len(x) == 0:
             raise DatasetError(f"{path}: x_{split} is empty")
+        if 0 in x.shape[1:3]:
+            raise DatasetError(f"{path}: x_{split} holds {x.shape[1]}x{x.shape[2]} images; images need at least "
+                               "one pixel a side")
+        # Compared in the labels' own dtype, before the cast: uint64 labels past 2**63 would wrap negative.
         if y.min() < 0:
             raise DatasetError(f"{path}: y_{split} has negative labels")
+        if y.max() >= MAX_CLASSES:
+            raise DatasetError(f"{path}: y_{split} has a label of {int(y.max()):,}; labels are class indices "
+                               f"0 .. {MAX_CLASSES - 1:,} at most (a label of N builds a head of N + 1 classes)")
         out += [x, y.astype(np.int64)]
     if out[0].shape[1:] != out[2].shape[1:]:
         raise DatasetError(
@@ -65,14 +93,18 @@ def _npz(data_path: str | Path | None, **kw) -> DatasetBundle:
             "(uint8 HWC images, integer labels); give its path with --data-path"
         )
     try:
-        f = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"{path} is not a readable .npz file ({err})") from err
+        f = np.load(path, allow_pickle=False)  # never unpickle: a pickle in a data file would run code
+    except _READ_ERRORS as err:
+        raise DatasetError(f"{path} is not a readable .npz file ({type(err).__name__}: {err})") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise DatasetError(f"{path} holds one array, not an .npz archive of x_train, y_train, x_test, y_test")
     with f:
         arrays = _check_arrays(path, f)
-        classes = f["classes"] if "classes" in f.files else None
+        classes = _read(path, f, "classes") if "classes" in f.files else None
     top = int(max(arrays[1].max(), arrays[3].max())) + 1
     num_classes = len(classes) if classes is not None else top
+    if num_classes > MAX_CLASSES:
+        raise DatasetError(f"{path}: the classes array names {num_classes:,} classes; at most {MAX_CLASSES:,}")
     if top > num_classes:
         raise DatasetError(f"{path}: labels reach {top - 1} but the classes array names only {num_classes} classes")
     return _array_bundle("npz", arrays, num_classes=num_classes, stats=None, source=f"npz {path}", **kw)
