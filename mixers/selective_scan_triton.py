@@ -47,11 +47,12 @@ except ImportError:  # CPU-only torch builds ship without triton
 # Triton decides at decoration time whether a kernel is compiled or interpreted; record what it decided.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Tile of one program, (BLOCK_D, CHUNK): 1,024 elements, 8 per thread at 4 warps. Guesses, to be tuned on a GPU
-# (issue 23): the backward's dB/dC partials grow as D / BLOCK_D, its registers as BLOCK_D x CHUNK.
-DEFAULT_CHUNK = 128
-DEFAULT_BLOCK_D = 8
-NUM_WARPS = 4
+# Tiles of one program, (BLOCK_D, CHUNK), and warps: untimed (issue 23 leaves the tuning to a GPU), picked so that
+# ptxas (Triton 3.9, sm_90) spills no registers. The chunk is shared (the checkpoints are per chunk); the backward
+# takes wider channel blocks because its dB/dC partials, (B, D / BLOCK_D, N, L) each, grow as D / BLOCK_D.
+DEFAULT_CHUNK = 64
+FWD_BLOCK_D, FWD_NUM_WARPS = 8, 4
+BWD_BLOCK_D, BWD_NUM_WARPS = 16, 8
 # Below this many (sequence, channel block) programs, L is split too (~4 per SM on an H100's 132).
 TARGET_PROGRAMS = 512
 
@@ -95,15 +96,6 @@ if triton is not None:
         return a1 * a2, b1 * a2 + b2
 
     @triton.jit
-    def _time_index(s, length, REVERSE: tl.constexpr):
-        """The time step at scan position s: s itself, or L - 1 - s when the scan runs backwards in time."""
-        if REVERSE:
-            t = length - 1 - s
-        else:
-            t = s
-        return t
-
-    @triton.jit
     def _load_delta(delta_ptrs, t, s_dt_l, mask, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
         """(delta after bias and softplus, delta + bias), float32 (BLOCK_D, CHUNK); delta is 0 where masked out,
         so those steps decay by exp(0) = 1 and add nothing."""
@@ -115,11 +107,6 @@ if triton is not None:
         else:
             dt = dt_pre
         return tl.where(mask, dt, 0.0), dt_pre
-
-    @triton.jit
-    def _column(tile, offs, k):
-        """tile[:, k] for a register tile whose columns are numbered by `offs` (no dynamic indexing in tl)."""
-        return tl.sum(tl.where(offs[None, :] == k, tile, 0.0), axis=1)
 
     @triton.jit
     def _fwd_kernel(
@@ -171,8 +158,9 @@ if triton is not None:
         ck_tile = pid_b * s_ck_b + offs_d[:, None] * s_ck_d + offs_n[None, :] * s_ck_n
 
         h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # the state before the chunk, every n
+        last = offs_c[None, :] == CHUNK - 1
         if HAS_CARRY:
-            h = tl.load(carry_ptr + carry_tile, mask=mask_dn, other=0.0)
+            h = tl.load(carry_ptr + carry_tile, mask=mask_dn, other=0.0).to(tl.float32)
         dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
         c_begin = pid_s * chunks_per_split
         c_end = tl.minimum(c_begin + chunks_per_split, n_chunks)
@@ -181,7 +169,7 @@ if triton is not None:
                 tl.store(ckpt_ptr + ck_tile + c * s_ck_c, h, mask=mask_dn)
             s = c * CHUNK + offs_c
             mask_l = s < length
-            t = _time_index(s, length, REVERSE)
+            t = length - 1 - s if REVERSE else s  # the time step at each scan position
             mask = mask_d[:, None] & mask_l[None, :]
             u = tl.load(u_ptrs + t[None, :] * s_u_l, mask=mask, other=0.0).to(tl.float32)
             dt, dt_pre = _load_delta(dt_ptrs, t, s_dt_l, mask, bias, HAS_BIAS, SOFTPLUS)
@@ -194,12 +182,14 @@ if triton is not None:
                 B_n = tl.load(B_row + n * s_B_n + t * s_B_l, mask=mask_l, other=0.0).to(tl.float32)
                 decay = tl.exp(dt * A_n[:, None])
                 a_cum, h_local = tl.associative_scan((decay, du * B_n[None, :]), 1, _linear_combine)
-                h_n = h_local + a_cum * _column(h, offs_n, n)[:, None]  # (BLOCK_D, CHUNK)
+                # Column n of the register tile h (tl has no dynamic indexing): the state before the chunk.
+                is_n = offs_n[None, :] == n
+                h_n = h_local + a_cum * tl.sum(tl.where(is_n, h, 0.0), axis=1)[:, None]  # (BLOCK_D, CHUNK)
                 if not LOCAL:
                     C_n = tl.load(C_row + n * s_C_n + t * s_C_l, mask=mask_l, other=0.0).to(tl.float32)
                     y += h_n * C_n[None, :]
                 # Steps past L decay by 1 and add 0, so the last column is the state after the chunk.
-                h = tl.where(offs_n[None, :] == n, _column(h_n, offs_c, CHUNK - 1)[:, None], h)
+                h = tl.where(is_n, tl.sum(tl.where(last, h_n, 0.0), axis=1)[:, None], h)
             if not LOCAL:
                 if HAS_D:
                     y += Dv[:, None] * u
@@ -304,11 +294,12 @@ if triton is not None:
 
         q = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
         if HAS_CARRY:
-            q = tl.load(carry_ptr + carry_tile, mask=mask_dn, other=0.0)
+            q = tl.load(carry_ptr + carry_tile, mask=mask_dn, other=0.0).to(tl.float32)
         dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
         dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
         dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
         dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        first = offs_c[None, :] == 0
         last = offs_c[None, :] == CHUNK - 1
         c_begin = pid_s * chunks_per_split
         c_end = tl.minimum(c_begin + chunks_per_split, n_chunks)
@@ -316,7 +307,7 @@ if triton is not None:
             c = c_end - 1 - j
             s = c * CHUNK + offs_c
             mask_l = s < length
-            t = _time_index(s, length, REVERSE)
+            t = length - 1 - s if REVERSE else s  # the time step at each scan position
             mask = mask_d[:, None] & mask_l[None, :]
             dt, dt_pre = _load_delta(dt_ptrs, t, s_dt_l, mask, bias, HAS_BIAS, SOFTPLUS)
             dy = tl.load(do_ptrs + t[None, :] * s_do_l, mask=mask, other=0.0).to(tl.float32)
@@ -332,15 +323,16 @@ if triton is not None:
                     A_n = tl.load(A_ptrs + n * s_A_n, mask=mask_d, other=0.0).to(tl.float32)
                     C_n = tl.load(C_row + n * s_C_n + t * s_C_l, mask=mask_l, other=0.0).to(tl.float32)
                     decay = tl.exp(dt * A_n[:, None])
-                    b = dy_core * C_n[None, :] + tl.where(last, _column(q, offs_n, n)[:, None], 0.0)
+                    is_n = offs_n[None, :] == n
+                    b = dy_core * C_n[None, :] + tl.where(last, tl.sum(tl.where(is_n, q, 0.0), axis=1)[:, None], 0.0)
                     # w_s = exp(delta_s A) g_s = decay_s (b_s + w_{s+1}): no shifted decay needed for the front.
                     _, w = tl.associative_scan((decay, decay * b), 1, _linear_combine, reverse=True)
-                    q = tl.where(offs_n[None, :] == n, _column(w, offs_c, 0)[:, None], q)
+                    q = tl.where(is_n, tl.sum(tl.where(first, w, 0.0), axis=1)[:, None], q)
             else:
                 u = tl.load(u_ptrs + t[None, :] * s_u_l, mask=mask, other=0.0).to(tl.float32)
                 # delta at the next scan position: g_s takes exp(delta_{s+1} A) g_{s+1} from inside the chunk.
                 s_next = s + 1
-                t_next = _time_index(s_next, length, REVERSE)
+                t_next = length - 1 - s_next if REVERSE else s_next
                 mask_next = mask_d[:, None] & (s_next < length)[None, :]
                 dt_next, _ = _load_delta(dt_ptrs, t_next, s_dt_l, mask_next, bias, HAS_BIAS, SOFTPLUS)
                 du = dt * u
@@ -351,20 +343,22 @@ if triton is not None:
                     A_n = tl.load(A_ptrs + n * s_A_n, mask=mask_d, other=0.0).to(tl.float32)
                     B_n = tl.load(B_row + n * s_B_n + t * s_B_l, mask=mask_l, other=0.0).to(tl.float32)
                     C_n = tl.load(C_row + n * s_C_n + t * s_C_l, mask=mask_l, other=0.0).to(tl.float32)
-                    h0 = tl.load(ck_col + c * s_ck_c + n * s_ck_n, mask=mask_d, other=0.0)
+                    h0 = tl.load(ck_col + c * s_ck_c + n * s_ck_n, mask=mask_d, other=0.0).to(tl.float32)
                     decay = tl.exp(dt * A_n[:, None])
                     drive = du * B_n[None, :]
                     a_cum, h_local = tl.associative_scan((decay, drive), 1, _linear_combine)
                     h_n = h_local + a_cum * h0[:, None]
-                    b = dy_core * C_n[None, :] + tl.where(last, _column(q, offs_n, n)[:, None], 0.0)
+                    # The carry (column n of q) enters at the chunk's last step.
+                    is_n = offs_n[None, :] == n
+                    b = dy_core * C_n[None, :] + tl.where(last, tl.sum(tl.where(is_n, q, 0.0), axis=1)[:, None], 0.0)
                     # Reverse scan: g_s = b_s + exp(delta_{s+1} A) g_{s+1}; the chunk's last step has the carry in b.
                     _, g = tl.associative_scan((tl.exp(dt_next * A_n[:, None]), b), 1, _linear_combine,
                                                reverse=True)
-                    q = tl.where(offs_n[None, :] == n, _column(decay * g, offs_c, 0)[:, None], q)
+                    q = tl.where(is_n, tl.sum(tl.where(first, decay * g, 0.0), axis=1)[:, None], q)
                     # exp(delta_s A) h_{s-1} g_s = (h_s - drive_s) g_s: d loss / d (delta_s A_n)
                     w = (h_n - drive) * g
                     ddt += w * A_n[:, None]
-                    dA_acc = tl.where(offs_n[None, :] == n, dA_acc + tl.sum(w * dt, axis=1)[:, None], dA_acc)
+                    dA_acc = tl.where(is_n, dA_acc + tl.sum(w * dt, axis=1)[:, None], dA_acc)
                     gB += g * B_n[None, :]
                     tl.store(dB_ptr + dBC_row + n * s_dBC_n + t * s_dBC_l, tl.sum(g * du, axis=0), mask=mask_l)
                     tl.store(dC_ptr + dBC_row + n * s_dBC_n + t * s_dBC_l, tl.sum(dy_core * h_n, axis=0),
@@ -417,13 +411,15 @@ class Tiling:
     Args:
         batch, dim, length: the shape of u.
         chunk_size: steps per chunk, a power of two (default `DEFAULT_CHUNK`, less for short sequences).
-        block_d: channels per program, a power of two (default `DEFAULT_BLOCK_D`, less for narrow inputs).
+        block_d: channels per program, a power of two (default `default_block_d`, less for narrow inputs).
         splits: groups along L (default: enough for `TARGET_PROGRAMS` programs, at most one per chunk).
+        default_block_d: the pass's default channels per program (`FWD_BLOCK_D` or `BWD_BLOCK_D`).
     """
 
     def __init__(self, batch: int, dim: int, length: int, chunk_size: int | None = None,
-                 block_d: int | None = None, splits: int | None = None) -> None:
-        self.block_d = block_d or min(DEFAULT_BLOCK_D, _next_power_of_2(dim))
+                 block_d: int | None = None, splits: int | None = None, *,
+                 default_block_d: int = FWD_BLOCK_D) -> None:
+        self.block_d = block_d or min(default_block_d, _next_power_of_2(dim))
         self.chunk = chunk_size or min(DEFAULT_CHUNK, max(16, _next_power_of_2(length)))
         for name, value in (("block_d", self.block_d), ("chunk_size", self.chunk)):
             if value & (value - 1):
@@ -437,7 +433,7 @@ class Tiling:
 
 def _carries(
     kernel, args: tuple, strides: tuple, flags: dict, A: Tensor, batch: int, dim: int, dstate: int,
-    tiling: Tiling, block_n: int, backward: bool,
+    tiling: Tiling, block_n: int, backward: bool, num_warps: int,
 ) -> Tensor | None:
     """First pass (LOCAL) and combine pass of a split L: each split's incoming carry, (B, D, splits, N) float32;
     None when L is not split."""
@@ -448,7 +444,7 @@ def _carries(
     dsum = torch.empty(batch, dim, tiling.splits, device=device, dtype=torch.float32)  # (B, D, S)
     kernel[(batch, tiling.blocks, tiling.splits)](
         *args(carry, dsum), dim, *strides(carry, dsum), LOCAL=True, HAS_CARRY=False, **flags,
-        BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=NUM_WARPS,
+        BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )
     _combine_splits_kernel[(batch, tiling.blocks)](
         A, carry, dsum, dim, dstate, tiling.splits, *A.stride(), *carry.stride(), *dsum.stride(),
@@ -472,11 +468,13 @@ def scan_fwd(
     chunk_size: int | None = None,
     block_d: int | None = None,
     splits: int | None = None,
+    num_warps: int = FWD_NUM_WARPS,
 ) -> tuple[Tensor, Tensor]:
     """The forward: y and the checkpoints. Arguments as `selective_scan_reference`, and `Tiling`'s.
 
     Args:
         reverse: scan from the last step to the first; y is in the original order.
+        num_warps: warps per program.
 
     Returns:
         y (B, D, L) in `u.dtype`, and the float32 state before each chunk in scan order, (B, D, n_chunks, N).
@@ -484,7 +482,7 @@ def scan_fwd(
     _check_runs(u)
     batch, dim, length = u.shape
     dstate = A.shape[1]
-    tiling = Tiling(batch, dim, length, chunk_size, block_d, splits)
+    tiling = Tiling(batch, dim, length, chunk_size, block_d, splits, default_block_d=FWD_BLOCK_D)
     block_n = _next_power_of_2(dstate)
     dev = u.device
     y = torch.empty(batch, dim, length, device=dev, dtype=u.dtype)  # (B, D, L)
@@ -503,13 +501,13 @@ def scan_fwd(
                 *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *z_.stride(), *y.stride(),
                 *ckpt.stride(), *carry.stride(), *dsum.stride())
 
-    carry = _carries(_fwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, backward=False)
+    carry = _carries(_fwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, False, num_warps)
     has_carry = carry is not None
     if carry is None:
         carry = ckpt  # not read: HAS_CARRY is off
     _fwd_kernel[(batch, tiling.blocks, tiling.splits)](
         *args(carry, ckpt), dim, *strides(carry, ckpt[..., 0]), LOCAL=False, HAS_CARRY=has_carry, **flags,
-        BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=NUM_WARPS,
+        BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )
     return y, ckpt
 
@@ -531,9 +529,10 @@ def scan_bwd(
     chunk_size: int | None = None,
     block_d: int | None = None,
     splits: int | None = None,
+    num_warps: int = BWD_NUM_WARPS,
 ) -> tuple[Tensor | None, ...]:
     """The backward, from `scan_fwd`'s checkpoints (made with the same `chunk_size`; `block_d` and `splits` may
-    differ, the checkpoints are per channel and chunk).
+    differ, the checkpoints are per channel and chunk). Arguments as `scan_fwd`.
 
     Returns:
         (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias) in the dtypes of their inputs, None where the input was None.
@@ -541,7 +540,7 @@ def scan_bwd(
     _check_runs(u)
     batch, dim, length = u.shape
     dstate = A.shape[1]
-    tiling = Tiling(batch, dim, length, chunk_size, block_d, splits)
+    tiling = Tiling(batch, dim, length, chunk_size, block_d, splits, default_block_d=BWD_BLOCK_D)
     if ckpt.shape != (batch, dim, tiling.n_chunks, dstate):
         raise ValueError(f"ckpt has shape {tuple(ckpt.shape)}, expected {(batch, dim, tiling.n_chunks, dstate)}: "
                          "scan_fwd and scan_bwd need the same chunk_size")
@@ -569,13 +568,13 @@ def scan_bwd(
                 *dout.stride(), *ckpt.stride(), *carry.stride(), *dsum.stride(), *du.stride(), *dA_part.stride(),
                 *dvec_part[0].stride(), *dBC_part[0].stride())
 
-    carry = _carries(_bwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, backward=True)
+    carry = _carries(_bwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, True, num_warps)
     has_carry = carry is not None
     if carry is None:
         carry = ckpt  # not read: HAS_CARRY is off
     _bwd_kernel[(batch, tiling.blocks, tiling.splits)](
         *args(carry, ckpt[..., 0]), dim, *strides(carry, ckpt[..., 0]), LOCAL=False, HAS_CARRY=has_carry,
-        **flags, BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=NUM_WARPS,
+        **flags, BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )
     # Summed apart so that dB and dC are separate tensors (an op's outputs must not alias each other).
     dB, dC = (part.sum(1) for part in dBC_part)  # (B, N, L) each

@@ -190,6 +190,6 @@ def test_impl_resolution_on_cpu() -> None:
         resolve_scan_impl("cuda_magic", cpu)
     meta = torch.device("meta")  # shapes only: routed to ops with fakes and the flop formula
     assert [resolve_scan_impl(i, meta) for i in SCAN_IMPLS] == [
-        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop"]
+        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop", "triton_v1"]
     _, name = selective_scan(**make_inputs(length=3))
     assert name == "torch_stream"
