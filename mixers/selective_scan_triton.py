@@ -288,7 +288,7 @@ if triton is not None:
         A_ptrs = A_ptr + offs_d * s_A_d
         B_row = B_ptr + pid_b * s_B_b
         C_row = C_ptr + pid_b * s_C_b
-        dBC_row = pid_b * s_dBC_b + pid_d * s_dBC_k
+        dBC_row = pid_b * s_dBC_b + pid_d.to(tl.int64) * s_dBC_k  # blocks x N x L can pass 2^31
         carry_tile = pid_b * s_cr_b + offs_d[:, None] * s_cr_d + pid_s * s_cr_s + offs_n[None, :] * s_cr_n
         ck_col = ckpt_ptr + pid_b * s_ck_b + offs_d * s_ck_d
 
