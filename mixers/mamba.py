@@ -10,7 +10,13 @@ from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_tokens
 from .registry import register_mixer
-from .selective_scan import SCAN_IMPLS, selective_scan, selective_scan_flops
+from .selective_scan import (
+    NATIVE_REVERSE_IMPLS,
+    SCAN_IMPLS,
+    resolve_scan_impl,
+    selective_scan,
+    selective_scan_flops,
+)
 
 
 def _scan_param(p: Tensor) -> Tensor:
@@ -24,9 +30,11 @@ class VimMixer(TokenMixer):
 
     The tokens, in row-major grid order, are read as one sequence. A shared `in_proj` gives the scan input x and
     the gate z; each direction has its own depthwise causal conv, `x_proj` (to dt, B, C), `dt_proj`, `A_log` and
-    `D`, the backward direction suffixed `_b` as in Vim so state dicts line up; the backward direction scans the
-    flipped sequence (z flipped with it) and is flipped back; `out_proj((y_fwd + y_bwd) / 2)`. Initialisation
-    follows mamba-ssm's `Mamba`.
+    `D`, the backward direction suffixed `_b` as in Vim so state dicts line up; the backward direction is Vim's
+    scan of the flipped sequence (z flipped with it), flipped back; `out_proj((y_fwd + y_bwd) / 2)`.
+    Initialisation follows mamba-ssm's `Mamba`. Where the scan reads sequences backwards itself (`triton`), the
+    backward direction runs on the unflipped x and z, its conv anti-causal, and nothing is flipped; elsewhere x, z
+    and the output are flipped as Vim does. Both give the same result (tests/test_selective_scan_triton.py).
 
     Args:
         dim: token channels C (Mamba's `d_model`).
@@ -134,10 +142,20 @@ class VimMixer(TokenMixer):
         dt_proj: nn.Linear,
         A_log: Tensor,
         D: Tensor,
+        reverse: bool = False,
     ) -> Tensor:
-        """One direction of the block on x, z of shape (B, d_inner, L); returns the gated scan output, same shape."""
+        """One direction of the block on x, z of shape (B, d_inner, L); returns the gated scan output, same shape.
+
+        `reverse` runs the direction from the last token to the first without flipping: the conv becomes
+        anti-causal (Vim's causal conv of the flipped sequence, flipped back, is the conv with its taps reversed
+        and the left padding cropped) and the scan reads the sequence backwards.
+        """
         length = x.shape[-1]
-        x = F.silu(conv1d(x)[..., :length])  # (B, d_inner, L): causal, the right padding cropped
+        if reverse:
+            x = F.conv1d(x, conv1d.weight.flip(-1), conv1d.bias, padding=self.d_conv - 1, groups=self.d_inner)
+            x = F.silu(x[..., self.d_conv - 1 :])  # (B, d_inner, L): anti-causal, the left padding cropped
+        else:
+            x = F.silu(conv1d(x)[..., :length])  # (B, d_inner, L): causal, the right padding cropped
         x_dbl = x_proj(rearrange(x, "b d l -> b l d"))  # (B, L, dt_rank + 2 N)
         dt, B, C = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
         # dt_proj's bias is applied inside the scan (before softplus), as Mamba does.
@@ -155,6 +173,7 @@ class VimMixer(TokenMixer):
             delta_bias=_scan_param(dt_proj.bias),
             delta_softplus=True,
             impl=self.scan_impl,
+            reverse=reverse,
         )
         return y
 
@@ -164,10 +183,12 @@ class VimMixer(TokenMixer):
         xz = rearrange(self.in_proj(x), "b l d -> b d l")  # (B, 2 d_inner, L)
         x_in, z = xz.chunk(2, dim=1)  # (B, d_inner, L) each
         y_fwd = self._direction(x_in, z, self.conv1d, self.x_proj, self.dt_proj, self.A_log, self.D)
-        y_bwd = self._direction(
-            x_in.flip(-1), z.flip(-1), self.conv1d_b, self.x_proj_b, self.dt_proj_b, self.A_b_log, self.D_b
-        )
-        y = (y_fwd + y_bwd.flip(-1)) / 2  # (B, d_inner, L)
+        backward = (self.conv1d_b, self.x_proj_b, self.dt_proj_b, self.A_b_log, self.D_b)
+        if resolve_scan_impl(self.scan_impl, x_in.device, x_in.dtype) in NATIVE_REVERSE_IMPLS:
+            y_bwd = self._direction(x_in, z, *backward, reverse=True)
+        else:
+            y_bwd = self._direction(x_in.flip(-1), z.flip(-1), *backward).flip(-1)
+        y = (y_fwd + y_bwd) / 2  # (B, d_inner, L)
         return self.out_proj(rearrange(y, "b d l -> b l d"))  # (B, L, C)
 
     def macs(self, grid: Grid) -> int:

@@ -6,7 +6,8 @@
 Shapes follow mamba-ssm's `selective_scan_fn`: `u, delta, z: (B, D, L)`, `A: (D, N)` real, `B, C: (B, N, L)`,
 `D, delta_bias: (D,)`. Inputs in fp16/bf16 are accumulated in float32 and the result is cast back to `u.dtype`.
 
-Five implementations:
+Six implementations, each with `reverse` (scan from the last step to the first, y in the original order: the
+backward direction of Vision Mamba):
 - `selective_scan_reference`: a float64 loop written for clarity; the independent reference of the tests.
 - `selective_scan_loop`: a loop over `unbind` slices with `addcmul`, differentiated by autograd; it keeps every
   state, so memory is O(B D L N).
@@ -15,10 +16,16 @@ Five implementations:
   reverse scan by hand, as mamba-ssm's kernel does. Counters see it as one op: `FlopCounterMode` through
   `register_flop_formula`, fvcore's jit trace as `mixerbench::selective_scan`.
 - mamba-ssm's `selective_scan_fn` (`mamba_ssm_cuda`), when it imports and the tensors are on CUDA.
-- Triton kernels (`triton`, the custom op `mixerbench::selective_scan_triton` in `selective_scan_triton.py`):
-  one program per sequence, block of channels and chunk of time steps, state in registers; chunks scan from a
-  zero state in parallel and a short sequential pass combines their carries (forward and backward alike). Runs on CUDA tensors where triton imports, and on CPU
-  tensors only under Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
+- Triton kernels on mamba-ssm's CUDA design (`triton`, the custom op `mixerbench::selective_scan_triton` in
+  `selective_scan_triton.py`): coalesced tiles along L, a parallel scan per state within a chunk, the state
+  carried across chunks in registers, a reverse scan in the backward; `reverse` is native (the tiles are read
+  backwards, nothing is flipped).
+- The first Triton kernels (`triton_v1`, op `mixerbench::selective_scan_triton_v1` in
+  `selective_scan_triton_v1.py`): a state stepped through time, channels strided by L. Kept only to be timed
+  against `triton` on a GPU (issue 23); `auto` never picks it.
+Both Triton implementations run on CUDA tensors where triton imports, and on CPU tensors only under Triton's
+interpreter (`TRITON_INTERPRET=1`), which the tests use. Every other implementation gets `reverse` by flipping
+its (B, *, L) inputs and its output along L.
 
 On a CPU a sequential loop beats parallel (Blelloch, log-space) scans: less total work wins over fewer sequential
 steps, and stepping over `unbind` views keeps autograd's backward cheap (KERNELS.md).
@@ -35,11 +42,14 @@ from einops import rearrange
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from . import selective_scan_triton
+from . import selective_scan_triton, selective_scan_triton_v1
 from .base import CUSTOM_OP_MACS
 
-ScanImpl = Literal["auto", "mamba_ssm_cuda", "triton", "torch_stream", "torch_loop"]
-SCAN_IMPLS: tuple[str, ...] = ("auto", "mamba_ssm_cuda", "triton", "torch_stream", "torch_loop")
+ScanImpl = Literal["auto", "mamba_ssm_cuda", "triton", "torch_stream", "torch_loop", "triton_v1"]
+SCAN_IMPLS: tuple[str, ...] = ("auto", "mamba_ssm_cuda", "triton", "torch_stream", "torch_loop", "triton_v1")
+# Implementations whose kernels read the sequence backwards themselves; the others are flipped around.
+NATIVE_REVERSE_IMPLS: frozenset[str] = frozenset({"triton"})
+_TRITON_IMPLS = ("triton", "triton_v1")
 
 # Elements of one (chunk, B, D, N) buffer; bounds the streaming path's memory (16 MiB in float32).
 _CHUNK_ELEMENTS = 1 << 22
@@ -77,6 +87,8 @@ def selective_scan_reference(
     z: Tensor | None = None,
     delta_bias: Tensor | None = None,
     delta_softplus: bool = False,
+    *,
+    reverse: bool = False,
 ) -> Tensor:
     """The selective scan as a plain float64 loop over time, written for clarity, not speed.
 
@@ -92,6 +104,7 @@ def selective_scan_reference(
         z: gate (B, D, L), applied as silu(z), or None.
         delta_bias: added to delta before softplus (D,), or None.
         delta_softplus: apply softplus to delta.
+        reverse: scan from the last step to the first (the loop runs backwards); y is in the original order.
 
     Returns:
         y (B, D, L) in float64.
@@ -103,11 +116,11 @@ def selective_scan_reference(
         delta = F.softplus(delta)
     batch, channels, length = u.shape
     h = u.new_zeros(batch, channels, A.shape[1])  # (B, D, N)
-    ys = []
-    for t in range(length):
+    ys = [u.new_empty(0)] * length
+    for t in reversed(range(length)) if reverse else range(length):
         dt = delta[:, :, t, None]  # (B, D, 1)
         h = torch.exp(dt * A) * h + dt * B[:, None, :, t] * u[:, :, t, None]  # (B, D, N)
-        ys.append((h * C[:, None, :, t]).sum(-1))  # (B, D)
+        ys[t] = (h * C[:, None, :, t]).sum(-1)  # (B, D)
     y = torch.stack(ys, dim=-1)  # (B, D, L)
     if D is not None:
         y = y + D.double()[:, None] * u
@@ -433,7 +446,8 @@ def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
 _selective_scan_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-@register_flop_formula([torch.ops.mixerbench.selective_scan, torch.ops.mixerbench.selective_scan_triton])
+@register_flop_formula([torch.ops.mixerbench.selective_scan, torch.ops.mixerbench.selective_scan_triton,
+                        torch.ops.mixerbench.selective_scan_triton_v1])
 def _selective_scan_flop_formula(
     u_shape: list[int], delta_shape: list[int], A_shape: list[int], *args, **kwargs
 ) -> int:
@@ -453,6 +467,7 @@ def _selective_scan_macs_from_shapes(shapes: list[tuple[int, ...] | None]) -> in
 
 CUSTOM_OP_MACS["mixerbench::selective_scan"] = _selective_scan_macs_from_shapes
 CUSTOM_OP_MACS["mixerbench::selective_scan_triton"] = _selective_scan_macs_from_shapes
+CUSTOM_OP_MACS["mixerbench::selective_scan_triton_v1"] = _selective_scan_macs_from_shapes
 # mamba-ssm's kernel is an autograd Function taking the same (u, delta, A, ...) inputs; a jit trace names it
 # prim::PythonOp.SelectiveScanFn, so fvcore counts it by the same formula on CUDA (not checked on a GPU yet).
 CUSTOM_OP_MACS["prim::PythonOp.SelectiveScanFn"] = _selective_scan_macs_from_shapes
@@ -475,18 +490,19 @@ def resolve_scan_impl(impl: str, device: torch.device, dtype: torch.dtype = torc
     """The implementation `selective_scan` runs for `impl` on tensors of `device` and `dtype`.
 
     `auto` picks, for fp32/fp16/bf16 CUDA tensors, `mamba_ssm_cuda` when mamba-ssm imports, else `triton` when
-    triton imports; everything else (CPU, float64) gets `torch_stream`. Raises if `mamba_ssm_cuda` or `triton` is
-    asked for where it cannot run (`triton` runs on CPU tensors only under `TRITON_INTERPRET=1`). On the meta
-    device (shapes only, for counting) `triton`, `torch_stream` and `torch_loop` stand, and `auto` and
-    `mamba_ssm_cuda` give `torch_stream`: its op has a fake and the same flop formula as mamba-ssm's kernel.
+    triton imports; everything else (CPU, float64) gets `torch_stream`. `triton_v1` runs only when asked for.
+    Raises if `mamba_ssm_cuda`, `triton` or `triton_v1` is asked for where it cannot run (the Triton kernels run
+    on CPU tensors only under `TRITON_INTERPRET=1`). On the meta device (shapes only, for counting) `triton`,
+    `triton_v1`, `torch_stream` and `torch_loop` stand, and `auto` and `mamba_ssm_cuda` give `torch_stream`: its
+    op has a fake and the same flop formula as mamba-ssm's kernel.
     """
     if impl not in SCAN_IMPLS:
         raise ValueError(f"unknown scan impl {impl!r}; choose one of {', '.join(SCAN_IMPLS)}")
     if device.type == "meta":
-        # Shape only (counting builds the model on meta): nothing runs, so nothing needs CUDA or triton. `triton`
-        # keeps its op (it has a fake and the flop formula); mamba-ssm's kernel has no meta implementation, so
-        # `mamba_ssm_cuda` (and `auto`) count through `torch_stream`'s op, which has the same formula.
-        return impl if impl in ("triton", "torch_stream", "torch_loop") else "torch_stream"
+        # Shape only (counting builds the model on meta): nothing runs, so nothing needs CUDA or triton. The Triton
+        # impls keep their ops (they have fakes and the flop formula); mamba-ssm's kernel has no meta
+        # implementation, so `mamba_ssm_cuda` (and `auto`) count through `torch_stream`'s op, same formula.
+        return impl if impl in ("triton", "triton_v1", "torch_stream", "torch_loop") else "torch_stream"
     kernel_runs = (
         device.type == "cuda"
         and dtype in (torch.float32, torch.float16, torch.bfloat16)
@@ -497,8 +513,8 @@ def resolve_scan_impl(impl: str, device: torch.device, dtype: torch.dtype = torc
         if kernel_runs:
             return "mamba_ssm_cuda"
         return "triton" if device.type == "cuda" and triton_problem is None else "torch_stream"
-    if impl == "triton" and triton_problem is not None:
-        raise RuntimeError(f"scan impl 'triton' cannot run on {dtype} tensors on {device}: {triton_problem}")
+    if impl in _TRITON_IMPLS and triton_problem is not None:
+        raise RuntimeError(f"scan impl {impl!r} cannot run on {dtype} tensors on {device}: {triton_problem}")
     if impl == "mamba_ssm_cuda" and not kernel_runs:
         raise RuntimeError(
             f"scan impl 'mamba_ssm_cuda' needs fp32/fp16/bf16 CUDA tensors (got {dtype} on {device}) and an "
@@ -506,6 +522,11 @@ def resolve_scan_impl(impl: str, device: torch.device, dtype: torch.dtype = torc
             "install the 'mamba' extra on a CUDA machine or use impl='auto'"
         )
     return impl
+
+
+def _flip_time(t: Tensor | None) -> Tensor | None:
+    """t reversed along its last (time) axis, or None."""
+    return None if t is None else t.flip(-1)
 
 
 def selective_scan(
@@ -520,25 +541,38 @@ def selective_scan(
     delta_softplus: bool = False,
     *,
     impl: str = "auto",
+    reverse: bool = False,
 ) -> tuple[Tensor, str]:
     """The selective scan through the chosen implementation; differentiable in every case.
 
     Args:
         u, delta, A, B, C, D, z, delta_bias, delta_softplus: as `selective_scan_reference`.
         impl: `auto` (on CUDA mamba-ssm's kernel when it imports, else `triton`; `torch_stream` otherwise),
-            `mamba_ssm_cuda`, `triton` (the Triton kernels, op `mixerbench::selective_scan_triton`),
-            `torch_stream` (the custom op `mixerbench::selective_scan`) or `torch_loop` (autograd through the loop).
+            `mamba_ssm_cuda`, `triton` (the Triton kernels, op `mixerbench::selective_scan_triton`), `triton_v1`
+            (the first Triton kernels, kept for GPU comparison), `torch_stream` (the custom op
+            `mixerbench::selective_scan`) or `torch_loop` (autograd through the loop).
+        reverse: scan from the last step to the first, y in the original order: equal to flipping u, delta, B,
+            C, z along L, scanning, and flipping y back, which is what implementations without a native reverse
+            (all but `triton`, see `NATIVE_REVERSE_IMPLS`) do.
 
     Returns:
         y (B, D, L) in `u.dtype`, and the name of the implementation that ran.
     """
     name = resolve_scan_impl(impl, u.device, u.dtype)
+    if name == "triton":
+        y, _ = torch.ops.mixerbench.selective_scan_triton(
+            u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse
+        )
+        return y, name
+    if reverse:
+        u, delta, B, C, z = (_flip_time(t) for t in (u, delta, B, C, z))
     if name == "mamba_ssm_cuda":
         scan_fn = _mamba_ssm_selective_scan_fn()
-        return scan_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus), name
-    if name == "triton":
-        y, _ = torch.ops.mixerbench.selective_scan_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-        return y, name
-    if name == "torch_loop":
-        return selective_scan_loop(u, delta, A, B, C, D, z, delta_bias, delta_softplus), name
-    return torch.ops.mixerbench.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus), name
+        y = scan_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    elif name == "triton_v1":
+        y, _ = torch.ops.mixerbench.selective_scan_triton_v1(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    elif name == "torch_loop":
+        y = selective_scan_loop(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    else:
+        y = torch.ops.mixerbench.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    return (y.flip(-1) if reverse else y), name

@@ -1,29 +1,34 @@
-"""The selective scan of Mamba (S6) as Triton kernels (`triton`): forward, and a backward that recomputes states.
+"""The selective scan of Mamba (S6) as Triton kernels on mamba-ssm's CUDA design (`triton`).
 
 Same semantics and shapes as `mixers.selective_scan` (mamba-ssm's `selective_scan_fn` with one group of variable
-B and C). A program holds the `(BLOCK_D, N)` float32 state of one sequence and `BLOCK_D` channels in registers and
-steps through time; the sequence is cut into chunks of `CHUNK` steps that run in parallel, so the grid is
-B x D / BLOCK_D x L / CHUNK (`pick_chunk` sizes chunks for >= 1024 programs) rather than B x D / BLOCK_D:
+B and C), plus `reverse`: scan the sequence from its last step to its first and write y in the original order,
+which is what the backward direction of Vision Mamba needs without flipping anything.
 
-- forward: pass 1 scans every chunk from a zero state and stores its end state and sum of delta (its total decay
-  is exp(A sum delta)); pass 2, sequential over chunks but one multiply-add each, combines them into each chunk's
-  true start state h_start[c] = exp(A dsum[c-1]) h_start[c-1] + end[c-1]; pass 3 re-runs each chunk from its
-  start state, applies delta_bias, softplus, the D skip and the silu(z) gate and writes y in `u.dtype`. The
-  start states `(B, D, L / CHUNK, N)` are the backward's checkpoints.
-- backward: the same three passes in reverse. Pass 1 runs each chunk's adjoint g_t = C_t dy_t +
-  exp(delta_{t+1} A) g_{t+1} back from zero (no states needed), pass 2 combines the carries entering each chunk
-  from the one after, and pass 3 (persistent: a fixed grid whose programs each own a scratch slot) re-runs
-  each chunk forward from its checkpoint into the slot (running back through 1 / exp(delta A) is unstable) and
-  steps back from the true carry. Per-channel gradients (u, delta, z) are written directly; dA, dD,
-  d delta_bias per (sequence, chunk) and dB, dC per channel block are partials summed afterwards in torch, so
-  results are deterministic (no atomics).
+Design (mamba-ssm's `csrc/selective_scan`, in Triton):
+- A program owns one sequence and `BLOCK_D` channels and walks its steps in chunks of `CHUNK` contiguous steps.
+  u, delta, z, dout and y are (B, D, L) with L contiguous, so a chunk is a coalesced `(BLOCK_D, CHUNK)` tile; B_n
+  and C_n of one state are contiguous `(CHUNK,)` rows. In reverse the tile's addresses simply run downwards.
+- For each state n the chunk is scanned in registers with `tl.associative_scan` over (decay, input) pairs,
+  `(a1, b1) o (a2, b2) = (a1 a2, b1 a2 + b2)`, and the state before the chunk enters as `h = b + a_cum h_0`. The
+  state carried from chunk to chunk lives in registers as a `(BLOCK_D, N)` tile; h is never written to HBM. Only
+  the state before each chunk is saved, `(B, D, n_chunks, N)` float32, as the backward's checkpoints.
+- The backward walks the chunks backwards: it recomputes the chunk's states from its checkpoint (the same forward
+  scan) and runs the adjoint g_s = C_s dy_s + exp(delta_{s+1} A) g_{s+1} as a reverse scan (`reverse=True`, the
+  same combine), the adjoint entering from the later chunk carried in registers like the state.
+- When sequences x channel blocks alone give fewer than `TARGET_PROGRAMS` programs, L is also split into
+  `splits` groups of chunks that run in parallel: a first pass scans each group from a zero state (forward) or a
+  zero adjoint (backward) and stores its end value and its sum of delta (its total decay is exp(A sum delta)), a
+  one-step-per-group pass combines them into each group's true incoming carry, and the main pass starts from it.
 
-Offsets over sequences and channels are int64, so (B, D, L) tensors past 2^31 elements index correctly.
+Float32 state and accumulation for float32/float16/bfloat16 inputs. Results are deterministic: no atomics. The
+gradients of A, D and delta_bias are written per (sequence, split) and those of B and C per channel block, as
+partials that torch sums afterwards in a fixed order. Offsets along sequences and channels are int64.
 
-Triton is imported guarded: where it is missing (CPU-only torch builds), `import mixers` still works and the
-`triton` implementation reports that it is unavailable. On CPU tensors the kernels run only under Triton's
-interpreter (`TRITON_INTERPRET=1` set before triton is first imported), which is how the tests check them.
-Only long-standing `tl` APIs are used (tested on Triton 3.8; written for 3.6 as well).
+Only APIs that Triton 3.6 (the GPU image) and 3.9 (here) share are used; `tl.associative_scan` takes tuples and
+`reverse` in both, and Triton's own tests check its reverse scan with this non-commutative combine against
+flip-scan-flip. Triton is imported guarded: where it is missing (CPU-only torch builds), `import mixers` still
+works and the `triton` implementation reports that it is unavailable. On CPU tensors the kernels run only under
+Triton's interpreter (`TRITON_INTERPRET=1` set before triton is first imported), which is how the tests check them.
 """
 from __future__ import annotations
 
@@ -41,11 +46,15 @@ except ImportError:  # CPU-only torch builds ship without triton
 
 # Triton decides at decoration time whether a kernel is compiled or interpreted; record what it decided.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
-DEFAULT_BLOCK_D = 16
-# Chunks are sized so that sequence x channel block x chunk gives at least this many programs (~8 per SM on 132).
-TARGET_PROGRAMS = 1024
-BWD_PROGRAMS_PER_SM = 8
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Tiles of one program, (BLOCK_D, CHUNK), and warps: untimed (issue 23 leaves the tuning to a GPU), picked so that
+# ptxas (Triton 3.9, sm_90) spills no registers. The chunk is shared (the checkpoints are per chunk); the backward
+# takes wider channel blocks because its dB/dC partials, (B, D / BLOCK_D, N, L) each, grow as D / BLOCK_D.
+DEFAULT_CHUNK = 64
+FWD_BLOCK_D, FWD_NUM_WARPS = 8, 4
+BWD_BLOCK_D, BWD_NUM_WARPS = 16, 8
+# Below this many (sequence, channel block) programs, L is split too (~4 per SM on an H100's 132).
+TARGET_PROGRAMS = 512
 
 
 def triton_available() -> bool:
@@ -54,7 +63,7 @@ def triton_available() -> bool:
 
 
 def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the Triton scan cannot run on tensors of `device` and `dtype`, or None when it can."""
+    """Why the Triton scans cannot run on tensors of `device` and `dtype`, or None when they can."""
     if triton is None:
         return "triton does not import here (CPU-only torch builds ship without it)"
     if dtype not in SUPPORTED_DTYPES:
@@ -82,125 +91,27 @@ if triton is not None:
         return tl.where(x <= 20.0, log1p, x)
 
     @triton.jit
-    def _step_delta(dt_ptrs, t, s_dt_l, mask_d, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
-        """(delta_t after bias and softplus, delta_t + bias before softplus), float32, for the block's channels."""
-        dt_pre = tl.load(dt_ptrs + t * s_dt_l, mask=mask_d, other=0.0).to(tl.float32)
+    def _linear_combine(a1, b1, a2, b2):
+        """Composes x -> a1 x + b1, then x -> a2 x + b2 (the earlier step on the left); associative, not commutative."""
+        return a1 * a2, b1 * a2 + b2
+
+    @triton.jit
+    def _load_delta(delta_ptrs, t, s_dt_l, mask, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+        """(delta after bias and softplus, delta + bias), float32 (BLOCK_D, CHUNK); delta is 0 where masked out,
+        so those steps decay by exp(0) = 1 and add nothing."""
+        dt_pre = tl.load(delta_ptrs + t[None, :] * s_dt_l, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
-            dt_pre = dt_pre + bias
+            dt_pre = dt_pre + bias[:, None]
         if SOFTPLUS:
             dt = _softplus(dt_pre)
         else:
             dt = dt_pre
-        return dt, dt_pre
+        return tl.where(mask, dt, 0.0), dt_pre
 
     @triton.jit
-    def _chunk_local_kernel(
-        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, z_ptr, bias_ptr, dout_ptr, loc_ptr, dsum_ptr,
-        dim, length, dstate,
-        s_u_b, s_u_d, s_u_l,
-        s_dt_b, s_dt_d, s_dt_l,
-        s_A_d, s_A_n,
-        s_B_b, s_B_n, s_B_l,
-        s_C_b, s_C_n, s_C_l,
-        s_z_b, s_z_d, s_z_l,
-        s_do_b, s_do_d, s_do_l,
-        s_loc_b, s_loc_d, s_loc_c, s_loc_n,
-        s_ds_b, s_ds_d, s_ds_c,
-        BACKWARD: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-    ):
-        """Pass 1, one program per (sequence, channel block, chunk), every chunk at once, from a zero state.
-
-        Forward: the chunk's end state sum_t (prod_{s > t} exp(delta_s A)) delta_t B_t u_t. Backward: the adjoint
-        carried out of the chunk's front, exp(delta_s A) g_s at its first step s, with g = 0 after its end. Both
-        store sum_t delta_t over the chunk: its total decay is exp(A sum_t delta_t).
-        """
-        pid_b = tl.program_id(0).to(tl.int64)
-        pid_d = tl.program_id(1)
-        c = tl.program_id(2)
-        offs_d = (pid_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
-        offs_n = tl.arange(0, BLOCK_N)
-        mask_d = offs_d < dim
-        mask_n = offs_n < dstate
-        mask_dn = mask_d[:, None] & mask_n[None, :]
-
-        A = tl.load(A_ptr + offs_d[:, None] * s_A_d + offs_n[None, :] * s_A_n, mask=mask_dn, other=0.0).to(tl.float32)
-        bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-        u_ptrs = u_ptr + pid_b * s_u_b + offs_d * s_u_d
-        dt_ptrs = delta_ptr + pid_b * s_dt_b + offs_d * s_dt_d
-        z_ptrs = z_ptr + pid_b * s_z_b + offs_d * s_z_d
-        do_ptrs = dout_ptr + pid_b * s_do_b + offs_d * s_do_d
-        B_ptrs = B_ptr + pid_b * s_B_b + offs_n * s_B_n
-        C_ptrs = C_ptr + pid_b * s_C_b + offs_n * s_C_n
-
-        start = c * CHUNK
-        steps = tl.minimum(CHUNK, length - start)
-        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-        dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for j in range(0, steps):
-            if BACKWARD:
-                t = start + steps - 1 - j
-            else:
-                t = start + j
-            dt, dt_pre = _step_delta(dt_ptrs, t, s_dt_l, mask_d, bias, HAS_BIAS, SOFTPLUS)
-            dsum += dt
-            decay = tl.exp(dt[:, None] * A)
-            if BACKWARD:
-                dy = tl.load(do_ptrs + t * s_do_l, mask=mask_d, other=0.0).to(tl.float32)
-                if HAS_Z:
-                    z = tl.load(z_ptrs + t * s_z_l, mask=mask_d, other=0.0).to(tl.float32)
-                    dy = dy * z * tl.sigmoid(z)
-                Ct = tl.load(C_ptrs + t * s_C_l, mask=mask_n, other=0.0).to(tl.float32)
-                h = (dy[:, None] * Ct[None, :] + h) * decay
-            else:
-                u = tl.load(u_ptrs + t * s_u_l, mask=mask_d, other=0.0).to(tl.float32)
-                Bt = tl.load(B_ptrs + t * s_B_l, mask=mask_n, other=0.0).to(tl.float32)
-                h = decay * h + (dt * u)[:, None] * Bt[None, :]
-        tl.store(loc_ptr + pid_b * s_loc_b + offs_d[:, None] * s_loc_d + c * s_loc_c + offs_n[None, :] * s_loc_n,
-                 h, mask=mask_dn)
-        tl.store(dsum_ptr + pid_b * s_ds_b + offs_d * s_ds_d + c * s_ds_c, dsum, mask=mask_d)
-
-    @triton.jit
-    def _chunk_combine_kernel(
-        A_ptr, loc_ptr, dsum_ptr, out_ptr,
-        dim, dstate, n_chunks,
-        s_A_d, s_A_n,
-        s_loc_b, s_loc_d, s_loc_c, s_loc_n,
-        s_ds_b, s_ds_d, s_ds_c,
-        REVERSE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    ):
-        """Pass 2, sequential over chunks (one cheap step each): out[c] = the carry entering chunk c.
-
-        Forward: out[0] = 0, out[c] = exp(A dsum[c-1]) out[c-1] + loc[c-1] (the state before chunk c). Backward
-        (REVERSE): out[last] = 0, out[c] = exp(A dsum[c+1]) out[c+1] + loc[c+1] (exp(delta A) g entering chunk c
-        from the one after it). `out` has `loc`'s strides.
-        """
-        pid_b = tl.program_id(0).to(tl.int64)
-        pid_d = tl.program_id(1)
-        offs_d = (pid_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
-        offs_n = tl.arange(0, BLOCK_N)
-        mask_d = offs_d < dim
-        mask_dn = mask_d[:, None] & (offs_n < dstate)[None, :]
-        A = tl.load(A_ptr + offs_d[:, None] * s_A_d + offs_n[None, :] * s_A_n, mask=mask_dn, other=0.0).to(tl.float32)
-        tile = pid_b * s_loc_b + offs_d[:, None] * s_loc_d + offs_n[None, :] * s_loc_n
-        ds_ptrs = dsum_ptr + pid_b * s_ds_b + offs_d * s_ds_d
-        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-        for k in range(0, n_chunks):
-            if REVERSE:
-                c = n_chunks - 1 - k
-            else:
-                c = k
-            tl.store(out_ptr + tile + c * s_loc_c, h, mask=mask_dn)
-            loc = tl.load(loc_ptr + tile + c * s_loc_c, mask=mask_dn, other=0.0)
-            dsum = tl.load(ds_ptrs + c * s_ds_c, mask=mask_d, other=0.0)
-            h = tl.exp(dsum[:, None] * A) * h + loc
-
-    @triton.jit
-    def _chunk_fwd_kernel(
-        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, y_ptr, ckpt_ptr,
-        dim, length, dstate,
+    def _fwd_kernel(
+        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, y_ptr, ckpt_ptr, carry_ptr, dsum_ptr,
+        dim, length, dstate, n_chunks, chunks_per_split,
         s_u_b, s_u_d, s_u_l,
         s_dt_b, s_dt_d, s_dt_l,
         s_A_d, s_A_n,
@@ -209,57 +120,124 @@ if triton is not None:
         s_z_b, s_z_d, s_z_l,
         s_y_b, s_y_d, s_y_l,
         s_ck_b, s_ck_d, s_ck_c, s_ck_n,
-        HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+        s_cr_b, s_cr_d, s_cr_s, s_cr_n,
+        s_ds_b, s_ds_d, s_ds_s,
+        LOCAL: tl.constexpr, HAS_CARRY: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+        HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, REVERSE: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
     ):
-        """Pass 3 of the forward, one program per (sequence, channel block, chunk): the chunk from its true start
-        state (pass 2's), writing y = (C_t h_t + D u_t) silu(z_t) in y's dtype."""
+        """One program per (sequence, channel block, split of L), walking its chunks in scan order.
+
+        Main pass (not LOCAL): starts from the split's incoming state (`carry`, when HAS_CARRY) or zero, saves the
+        state before every chunk into `ckpt`, writes y = (C_t h_t + D u_t) silu(z_t) in y's dtype. LOCAL (first
+        pass of a split L): starts from zero and stores only the split's end state in `carry` and its sum of delta
+        in `dsum`.
+        """
         pid_b = tl.program_id(0).to(tl.int64)
         pid_d = tl.program_id(1)
-        c = tl.program_id(2)
+        pid_s = tl.program_id(2)
         offs_d = (pid_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
         offs_n = tl.arange(0, BLOCK_N)
+        offs_c = tl.arange(0, CHUNK)
         mask_d = offs_d < dim
-        mask_n = offs_n < dstate
-        mask_dn = mask_d[:, None] & mask_n[None, :]
+        mask_dn = mask_d[:, None] & (offs_n < dstate)[None, :]
 
-        A = tl.load(A_ptr + offs_d[:, None] * s_A_d + offs_n[None, :] * s_A_n, mask=mask_dn, other=0.0).to(tl.float32)
-        if HAS_D:
-            Dv = tl.load(D_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
         bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
         if HAS_BIAS:
             bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-        u_ptrs = u_ptr + pid_b * s_u_b + offs_d * s_u_d
-        dt_ptrs = delta_ptr + pid_b * s_dt_b + offs_d * s_dt_d
-        z_ptrs = z_ptr + pid_b * s_z_b + offs_d * s_z_d
-        y_ptrs = y_ptr + pid_b * s_y_b + offs_d * s_y_d
-        B_ptrs = B_ptr + pid_b * s_B_b + offs_n * s_B_n
-        C_ptrs = C_ptr + pid_b * s_C_b + offs_n * s_C_n
+        if HAS_D:
+            Dv = tl.load(D_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        u_ptrs = u_ptr + pid_b * s_u_b + offs_d[:, None] * s_u_d
+        dt_ptrs = delta_ptr + pid_b * s_dt_b + offs_d[:, None] * s_dt_d
+        z_ptrs = z_ptr + pid_b * s_z_b + offs_d[:, None] * s_z_d
+        y_ptrs = y_ptr + pid_b * s_y_b + offs_d[:, None] * s_y_d
+        A_ptrs = A_ptr + offs_d * s_A_d
+        B_row = B_ptr + pid_b * s_B_b
+        C_row = C_ptr + pid_b * s_C_b
+        carry_tile = pid_b * s_cr_b + offs_d[:, None] * s_cr_d + pid_s * s_cr_s + offs_n[None, :] * s_cr_n
+        ck_tile = pid_b * s_ck_b + offs_d[:, None] * s_ck_d + offs_n[None, :] * s_ck_n
 
-        h = tl.load(ckpt_ptr + pid_b * s_ck_b + offs_d[:, None] * s_ck_d + c * s_ck_c + offs_n[None, :] * s_ck_n,
-                    mask=mask_dn, other=0.0)
-        start = c * CHUNK
-        steps = tl.minimum(CHUNK, length - start)
-        for i in range(0, steps):
-            t = start + i
-            u = tl.load(u_ptrs + t * s_u_l, mask=mask_d, other=0.0).to(tl.float32)
-            dt, dt_pre = _step_delta(dt_ptrs, t, s_dt_l, mask_d, bias, HAS_BIAS, SOFTPLUS)
-            Bt = tl.load(B_ptrs + t * s_B_l, mask=mask_n, other=0.0).to(tl.float32)
-            Ct = tl.load(C_ptrs + t * s_C_l, mask=mask_n, other=0.0).to(tl.float32)
-            h = tl.exp(dt[:, None] * A) * h + (dt * u)[:, None] * Bt[None, :]
-            y = tl.sum(h * Ct[None, :], axis=1)
-            if HAS_D:
-                y = y + Dv * u
-            if HAS_Z:
-                z = tl.load(z_ptrs + t * s_z_l, mask=mask_d, other=0.0).to(tl.float32)
-                y = y * (z * tl.sigmoid(z))
-            tl.store(y_ptrs + t * s_y_l, y.to(y_ptr.dtype.element_ty), mask=mask_d)
+        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # the state before the chunk, every n
+        last = offs_c[None, :] == CHUNK - 1
+        if HAS_CARRY:
+            h = tl.load(carry_ptr + carry_tile, mask=mask_dn, other=0.0).to(tl.float32)
+        dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        c_begin = pid_s * chunks_per_split
+        c_end = tl.minimum(c_begin + chunks_per_split, n_chunks)
+        for c in range(c_begin, c_end):
+            if not LOCAL:
+                tl.store(ckpt_ptr + ck_tile + c * s_ck_c, h, mask=mask_dn)
+            s = c * CHUNK + offs_c
+            mask_l = s < length
+            t = length - 1 - s if REVERSE else s  # the time step at each scan position
+            mask = mask_d[:, None] & mask_l[None, :]
+            u = tl.load(u_ptrs + t[None, :] * s_u_l, mask=mask, other=0.0).to(tl.float32)
+            dt, dt_pre = _load_delta(dt_ptrs, t, s_dt_l, mask, bias, HAS_BIAS, SOFTPLUS)
+            du = dt * u
+            if LOCAL:
+                dsum += tl.sum(dt, axis=1)
+            y = tl.zeros((BLOCK_D, CHUNK), dtype=tl.float32)
+            for n in range(0, dstate):
+                A_n = tl.load(A_ptrs + n * s_A_n, mask=mask_d, other=0.0).to(tl.float32)
+                B_n = tl.load(B_row + n * s_B_n + t * s_B_l, mask=mask_l, other=0.0).to(tl.float32)
+                decay = tl.exp(dt * A_n[:, None])
+                a_cum, h_local = tl.associative_scan((decay, du * B_n[None, :]), 1, _linear_combine)
+                # Column n of the register tile h (tl has no dynamic indexing): the state before the chunk.
+                is_n = offs_n[None, :] == n
+                h_n = h_local + a_cum * tl.sum(tl.where(is_n, h, 0.0), axis=1)[:, None]  # (BLOCK_D, CHUNK)
+                if not LOCAL:
+                    C_n = tl.load(C_row + n * s_C_n + t * s_C_l, mask=mask_l, other=0.0).to(tl.float32)
+                    y += h_n * C_n[None, :]
+                # Steps past L decay by 1 and add 0, so the last column is the state after the chunk.
+                h = tl.where(is_n, tl.sum(tl.where(last, h_n, 0.0), axis=1)[:, None], h)
+            if not LOCAL:
+                if HAS_D:
+                    y += Dv[:, None] * u
+                if HAS_Z:
+                    z = tl.load(z_ptrs + t[None, :] * s_z_l, mask=mask, other=0.0).to(tl.float32)
+                    y = y * (z * tl.sigmoid(z))
+                tl.store(y_ptrs + t[None, :] * s_y_l, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if LOCAL:
+            tl.store(carry_ptr + carry_tile, h, mask=mask_dn)
+            tl.store(dsum_ptr + pid_b * s_ds_b + offs_d * s_ds_d + pid_s * s_ds_s, dsum, mask=mask_d)
 
     @triton.jit
-    def _chunk_bwd_kernel(
-        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, ckpt_ptr, carry_ptr, scratch_ptr,
+    def _combine_splits_kernel(
+        A_ptr, carry_ptr, dsum_ptr,
+        dim, dstate, splits,
+        s_A_d, s_A_n,
+        s_cr_b, s_cr_d, s_cr_s, s_cr_n,
+        s_ds_b, s_ds_d, s_ds_s,
+        BACKWARD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """In place, one step per split: `carry` holds each split's local end value on entry and its true incoming
+        carry on exit. Forward: in[0] = 0, in[k] = exp(A dsum[k-1]) in[k-1] + end[k-1]. BACKWARD: the same from
+        the last split down (the adjoint enters a split from the one after it)."""
+        pid_b = tl.program_id(0).to(tl.int64)
+        pid_d = tl.program_id(1)
+        offs_d = (pid_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_d = offs_d < dim
+        mask_dn = mask_d[:, None] & (offs_n < dstate)[None, :]
+        A = tl.load(A_ptr + offs_d[:, None] * s_A_d + offs_n[None, :] * s_A_n, mask=mask_dn, other=0.0).to(tl.float32)
+        tile = carry_ptr + pid_b * s_cr_b + offs_d[:, None] * s_cr_d + offs_n[None, :] * s_cr_n
+        ds_ptrs = dsum_ptr + pid_b * s_ds_b + offs_d * s_ds_d
+        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        for j in range(0, splits):
+            if BACKWARD:
+                k = splits - 1 - j
+            else:
+                k = j
+            end = tl.load(tile + k * s_cr_s, mask=mask_dn, other=0.0)
+            dsum = tl.load(ds_ptrs + k * s_ds_s, mask=mask_d, other=0.0)
+            tl.store(tile + k * s_cr_s, h, mask=mask_dn)
+            h = tl.exp(dsum[:, None] * A) * h + end
+
+    @triton.jit
+    def _bwd_kernel(
+        u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, ckpt_ptr, carry_ptr, dsum_ptr,
         du_ptr, ddelta_ptr, dz_ptr, dA_ptr, dD_ptr, dbias_ptr, dB_ptr, dC_ptr,
-        dim, length, dstate, n_chunks, n_blocks, n_tiles,
+        dim, length, dstate, n_chunks, chunks_per_split,
         s_u_b, s_u_d, s_u_l,
         s_dt_b, s_dt_d, s_dt_l,
         s_A_d, s_A_n,
@@ -268,119 +246,152 @@ if triton is not None:
         s_z_b, s_z_d, s_z_l,
         s_do_b, s_do_d, s_do_l,
         s_ck_b, s_ck_d, s_ck_c, s_ck_n,
-        s_sc_p, s_sc_t, s_sc_d, s_sc_n,
+        s_cr_b, s_cr_d, s_cr_s, s_cr_n,
+        s_ds_b, s_ds_d, s_ds_s,
         s_g_b, s_g_d, s_g_l,
-        s_dA_b, s_dA_d, s_dA_c, s_dA_n,
-        s_dv_b, s_dv_d, s_dv_c,
-        s_dBC_b, s_dBC_k, s_dBC_l, s_dBC_n,
-        HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+        s_dA_b, s_dA_s, s_dA_d, s_dA_n,
+        s_dv_b, s_dv_s, s_dv_d,
+        s_dBC_b, s_dBC_k, s_dBC_n, s_dBC_l,
+        LOCAL: tl.constexpr, HAS_CARRY: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+        HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, REVERSE: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
     ):
-        """Pass 3 of the backward. Persistent: program p takes tiles p, p + P, ... of (sequence, block, chunk) and
-        owns scratch slot p, so the scratch is bounded by the grid, not by L. Per tile: re-run the chunk forward
-        from its stored start state into the slot (running back through 1 / exp(delta A) is unstable), then step
-        back from the true incoming adjoint carry (pass 2's) with g_t = C_t dy_t + exp(delta_{t+1} A) g_{t+1}.
-        Per-step gradients are written directly; dA, dD, d delta_bias per (sequence, chunk) and dB, dC per
-        channel block are partials that torch sums afterwards (deterministic, no atomics)."""
-        pid = tl.program_id(0)
-        n_prog = tl.num_programs(0)
+        """One program per (sequence, channel block, split of L), walking its chunks backwards in scan order.
+
+        The carry q (BLOCK_D, N) is exp(delta_e A) g_e at the first step e after the chunk: the adjoint that
+        enters the chunk's last step. Main pass: per chunk and state n, recompute h from the chunk's checkpoint
+        (forward scan), run g_s = C_s dy_s + exp(delta_{s+1} A) g_{s+1} as a reverse scan, and accumulate every
+        gradient; per-step ones (u, delta, z) are written, the others stored as partials (see the module
+        docstring). LOCAL (first pass of a split L): from a zero carry, only the carry out of the split's front
+        into `carry` and the split's sum of delta into `dsum`.
+        """
+        pid_b = tl.program_id(0).to(tl.int64)
+        pid_d = tl.program_id(1)
+        pid_s = tl.program_id(2)
+        offs_d = (pid_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
         offs_n = tl.arange(0, BLOCK_N)
-        mask_n = offs_n < dstate
-        sc_ptrs = scratch_ptr + pid.to(tl.int64) * s_sc_p + tl.arange(0, BLOCK_D)[:, None] * s_sc_d \
-            + offs_n[None, :] * s_sc_n
-        for tile in range(pid, n_tiles, n_prog):
-            c = tile % n_chunks
-            pid_d = (tile // n_chunks) % n_blocks
-            pid_b = (tile // (n_chunks * n_blocks)).to(tl.int64)
-            offs_d = (pid_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
-            mask_d = offs_d < dim
-            mask_dn = mask_d[:, None] & mask_n[None, :]
+        offs_c = tl.arange(0, CHUNK)
+        mask_d = offs_d < dim
+        mask_dn = mask_d[:, None] & (offs_n < dstate)[None, :]
 
-            A = tl.load(A_ptr + offs_d[:, None] * s_A_d + offs_n[None, :] * s_A_n, mask=mask_dn,
-                        other=0.0).to(tl.float32)
-            if HAS_D:
-                Dv = tl.load(D_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-            bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-            u_ptrs = u_ptr + pid_b * s_u_b + offs_d * s_u_d
-            dt_ptrs = delta_ptr + pid_b * s_dt_b + offs_d * s_dt_d
-            z_ptrs = z_ptr + pid_b * s_z_b + offs_d * s_z_d
-            do_ptrs = dout_ptr + pid_b * s_do_b + offs_d * s_do_d
-            B_ptrs = B_ptr + pid_b * s_B_b + offs_n * s_B_n
-            C_ptrs = C_ptr + pid_b * s_C_b + offs_n * s_C_n
-            # du, ddelta, dz share one stride set: they are allocated contiguous (B, D, L) alike.
-            g_off = pid_b * s_g_b + offs_d * s_g_d
-            dBC_off = pid_b * s_dBC_b + pid_d * s_dBC_k + offs_n * s_dBC_n
-            ck_off = pid_b * s_ck_b + offs_d[:, None] * s_ck_d + c * s_ck_c + offs_n[None, :] * s_ck_n
+        bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        if HAS_D:
+            Dv = tl.load(D_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        u_ptrs = u_ptr + pid_b * s_u_b + offs_d[:, None] * s_u_d
+        dt_ptrs = delta_ptr + pid_b * s_dt_b + offs_d[:, None] * s_dt_d
+        z_ptrs = z_ptr + pid_b * s_z_b + offs_d[:, None] * s_z_d
+        do_ptrs = dout_ptr + pid_b * s_do_b + offs_d[:, None] * s_do_d
+        # du, ddelta and dz share one stride set: they are allocated contiguous (B, D, L) alike.
+        g_ptrs = pid_b * s_g_b + offs_d[:, None] * s_g_d
+        A_ptrs = A_ptr + offs_d * s_A_d
+        B_row = B_ptr + pid_b * s_B_b
+        C_row = C_ptr + pid_b * s_C_b
+        dBC_row = pid_b * s_dBC_b + pid_d.to(tl.int64) * s_dBC_k  # blocks x N x L can pass 2^31
+        carry_tile = pid_b * s_cr_b + offs_d[:, None] * s_cr_d + pid_s * s_cr_s + offs_n[None, :] * s_cr_n
+        ck_col = ckpt_ptr + pid_b * s_ck_b + offs_d * s_ck_d
 
-            start = c * CHUNK
-            steps = tl.minimum(CHUNK, length - start)
-            # Re-run the chunk forward from its start state; scratch row j holds h_{start + j - 1}.
-            h = tl.load(ckpt_ptr + ck_off, mask=mask_dn, other=0.0)
-            tl.store(sc_ptrs, h, mask=mask_dn)
-            for i in range(0, steps):
-                t = start + i
-                u = tl.load(u_ptrs + t * s_u_l, mask=mask_d, other=0.0).to(tl.float32)
-                dt, dt_pre = _step_delta(dt_ptrs, t, s_dt_l, mask_d, bias, HAS_BIAS, SOFTPLUS)
-                Bt = tl.load(B_ptrs + t * s_B_l, mask=mask_n, other=0.0).to(tl.float32)
-                h = tl.exp(dt[:, None] * A) * h + (dt * u)[:, None] * Bt[None, :]
-                tl.store(sc_ptrs + (i + 1) * s_sc_t, h, mask=mask_dn)
-            tl.debug_barrier()
-
-            dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-            dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-            dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-            carry = tl.load(carry_ptr + ck_off, mask=mask_dn, other=0.0)  # exp(delta_{t+1} A) g_{t+1}
-            # h is h_t on entry to each reverse step.
-            for j in range(0, steps):
-                i = steps - 1 - j
-                t = start + i
-                h_prev = tl.load(sc_ptrs + i * s_sc_t, mask=mask_dn, other=0.0)
-                u = tl.load(u_ptrs + t * s_u_l, mask=mask_d, other=0.0).to(tl.float32)
-                dt, dt_pre = _step_delta(dt_ptrs, t, s_dt_l, mask_d, bias, HAS_BIAS, SOFTPLUS)
-                Bt = tl.load(B_ptrs + t * s_B_l, mask=mask_n, other=0.0).to(tl.float32)
-                Ct = tl.load(C_ptrs + t * s_C_l, mask=mask_n, other=0.0).to(tl.float32)
-                dy = tl.load(do_ptrs + t * s_do_l, mask=mask_d, other=0.0).to(tl.float32)
-                if HAS_Z:
-                    z = tl.load(z_ptrs + t * s_z_l, mask=mask_d, other=0.0).to(tl.float32)
-                    sig = tl.sigmoid(z)
-                    y_pre = tl.sum(h * Ct[None, :], axis=1)
-                    if HAS_D:
-                        y_pre = y_pre + Dv * u
-                    dz = dy * y_pre * sig * (1.0 + z * (1.0 - sig))
-                    tl.store(dz_ptr + g_off + t * s_g_l, dz.to(dz_ptr.dtype.element_ty), mask=mask_d)
-                    dy = dy * z * sig
-                # dC_t[n] = sum_d dy_t[d] h_t[d, n] over this block's channels
-                dC_part = tl.sum(dy[:, None] * h, axis=0)
-                tl.store(dC_ptr + dBC_off + t * s_dBC_l, dC_part, mask=mask_n)
-                g = dy[:, None] * Ct[None, :] + carry
-                dB_part = tl.sum(g * (dt * u)[:, None], axis=0)
-                tl.store(dB_ptr + dBC_off + t * s_dBC_l, dB_part, mask=mask_n)
-                gB = tl.sum(g * Bt[None, :], axis=1)
-                du = gB * dt
+        q = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        if HAS_CARRY:
+            q = tl.load(carry_ptr + carry_tile, mask=mask_dn, other=0.0).to(tl.float32)
+        dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        first = offs_c[None, :] == 0
+        last = offs_c[None, :] == CHUNK - 1
+        c_begin = pid_s * chunks_per_split
+        c_end = tl.minimum(c_begin + chunks_per_split, n_chunks)
+        for j in range(0, c_end - c_begin):
+            c = c_end - 1 - j
+            s = c * CHUNK + offs_c
+            mask_l = s < length
+            t = length - 1 - s if REVERSE else s  # the time step at each scan position
+            mask = mask_d[:, None] & mask_l[None, :]
+            dt, dt_pre = _load_delta(dt_ptrs, t, s_dt_l, mask, bias, HAS_BIAS, SOFTPLUS)
+            dy = tl.load(do_ptrs + t[None, :] * s_do_l, mask=mask, other=0.0).to(tl.float32)
+            if HAS_Z:
+                z = tl.load(z_ptrs + t[None, :] * s_z_l, mask=mask, other=0.0).to(tl.float32)
+                sig = tl.sigmoid(z)
+                dy_core = dy * z * sig  # d loss / d (C h + D u)
+            else:
+                dy_core = dy
+            if LOCAL:
+                dsum += tl.sum(dt, axis=1)
+                for n in range(0, dstate):
+                    A_n = tl.load(A_ptrs + n * s_A_n, mask=mask_d, other=0.0).to(tl.float32)
+                    C_n = tl.load(C_row + n * s_C_n + t * s_C_l, mask=mask_l, other=0.0).to(tl.float32)
+                    decay = tl.exp(dt * A_n[:, None])
+                    is_n = offs_n[None, :] == n
+                    b = dy_core * C_n[None, :] + tl.where(last, tl.sum(tl.where(is_n, q, 0.0), axis=1)[:, None], 0.0)
+                    # w_s = exp(delta_s A) g_s = decay_s (b_s + w_{s+1}): no shifted decay needed for the front.
+                    _, w = tl.associative_scan((decay, decay * b), 1, _linear_combine, reverse=True)
+                    q = tl.where(is_n, tl.sum(tl.where(first, w, 0.0), axis=1)[:, None], q)
+            else:
+                u = tl.load(u_ptrs + t[None, :] * s_u_l, mask=mask, other=0.0).to(tl.float32)
+                # delta at the next scan position: g_s takes exp(delta_{s+1} A) g_{s+1} from inside the chunk.
+                s_next = s + 1
+                t_next = length - 1 - s_next if REVERSE else s_next
+                mask_next = mask_d[:, None] & (s_next < length)[None, :]
+                dt_next, _ = _load_delta(dt_ptrs, t_next, s_dt_l, mask_next, bias, HAS_BIAS, SOFTPLUS)
+                du = dt * u
+                gB = tl.zeros((BLOCK_D, CHUNK), dtype=tl.float32)  # sum_n g B_n
+                ddt = tl.zeros((BLOCK_D, CHUNK), dtype=tl.float32)  # sum_n A_n exp(delta A_n) h_{s-1} g
+                y_core = tl.zeros((BLOCK_D, CHUNK), dtype=tl.float32)
+                for n in range(0, dstate):
+                    A_n = tl.load(A_ptrs + n * s_A_n, mask=mask_d, other=0.0).to(tl.float32)
+                    B_n = tl.load(B_row + n * s_B_n + t * s_B_l, mask=mask_l, other=0.0).to(tl.float32)
+                    C_n = tl.load(C_row + n * s_C_n + t * s_C_l, mask=mask_l, other=0.0).to(tl.float32)
+                    h0 = tl.load(ck_col + c * s_ck_c + n * s_ck_n, mask=mask_d, other=0.0).to(tl.float32)
+                    decay = tl.exp(dt * A_n[:, None])
+                    drive = du * B_n[None, :]
+                    a_cum, h_local = tl.associative_scan((decay, drive), 1, _linear_combine)
+                    h_n = h_local + a_cum * h0[:, None]
+                    # The carry (column n of q) enters at the chunk's last step.
+                    is_n = offs_n[None, :] == n
+                    b = dy_core * C_n[None, :] + tl.where(last, tl.sum(tl.where(is_n, q, 0.0), axis=1)[:, None], 0.0)
+                    # Reverse scan: g_s = b_s + exp(delta_{s+1} A) g_{s+1}; the chunk's last step has the carry in b.
+                    _, g = tl.associative_scan((tl.exp(dt_next * A_n[:, None]), b), 1, _linear_combine,
+                                               reverse=True)
+                    q = tl.where(is_n, tl.sum(tl.where(first, decay * g, 0.0), axis=1)[:, None], q)
+                    # exp(delta_s A) h_{s-1} g_s = (h_s - drive_s) g_s: d loss / d (delta_s A_n)
+                    w = (h_n - drive) * g
+                    ddt += w * A_n[:, None]
+                    dA_acc = tl.where(is_n, dA_acc + tl.sum(w * dt, axis=1)[:, None], dA_acc)
+                    gB += g * B_n[None, :]
+                    tl.store(dB_ptr + dBC_row + n * s_dBC_n + t * s_dBC_l, tl.sum(g * du, axis=0), mask=mask_l)
+                    tl.store(dC_ptr + dBC_row + n * s_dBC_n + t * s_dBC_l, tl.sum(dy_core * h_n, axis=0),
+                             mask=mask_l)
+                    if HAS_Z:
+                        y_core += h_n * C_n[None, :]
+                du_out = gB * dt
                 if HAS_D:
-                    du = du + Dv * dy
-                    dD_acc += dy * u
-                tl.store(du_ptr + g_off + t * s_g_l, du.to(du_ptr.dtype.element_ty), mask=mask_d)
-                decay = tl.exp(dt[:, None] * A)
-                w = g * h_prev * decay  # d loss / d (delta_t A)
-                ddt = gB * u + tl.sum(w * A, axis=1)
-                dA_acc += w * dt[:, None]
+                    du_out += Dv[:, None] * dy_core
+                    dD_acc += tl.sum(dy_core * u, axis=1)
+                ddt += gB * u
                 if SOFTPLUS:
                     ddt = ddt * tl.sigmoid(dt_pre)
-                dbias_acc += ddt
-                tl.store(ddelta_ptr + g_off + t * s_g_l, ddt.to(ddelta_ptr.dtype.element_ty), mask=mask_d)
-                carry = g * decay
-                h = h_prev
-            tl.store(dA_ptr + pid_b * s_dA_b + offs_d[:, None] * s_dA_d + c * s_dA_c + offs_n[None, :] * s_dA_n,
+                ddt = tl.where(mask, ddt, 0.0)
+                dbias_acc += tl.sum(ddt, axis=1)
+                if HAS_Z:
+                    if HAS_D:
+                        y_core += Dv[:, None] * u
+                    dz = dy * y_core * sig * (1.0 + z * (1.0 - sig))
+                    tl.store(dz_ptr + g_ptrs + t[None, :] * s_g_l, dz.to(dz_ptr.dtype.element_ty), mask=mask)
+                tl.store(du_ptr + g_ptrs + t[None, :] * s_g_l, du_out.to(du_ptr.dtype.element_ty), mask=mask)
+                tl.store(ddelta_ptr + g_ptrs + t[None, :] * s_g_l, ddt.to(ddelta_ptr.dtype.element_ty), mask=mask)
+        if LOCAL:
+            tl.store(carry_ptr + carry_tile, q, mask=mask_dn)
+            tl.store(dsum_ptr + pid_b * s_ds_b + offs_d * s_ds_d + pid_s * s_ds_s, dsum, mask=mask_d)
+        else:
+            tl.store(dA_ptr + pid_b * s_dA_b + pid_s * s_dA_s + offs_d[:, None] * s_dA_d + offs_n[None, :] * s_dA_n,
                      dA_acc, mask=mask_dn)
-            dv_off = pid_b * s_dv_b + offs_d * s_dv_d + c * s_dv_c
+            dv_off = pid_b * s_dv_b + pid_s * s_dv_s + offs_d * s_dv_d
             if HAS_D:
                 tl.store(dD_ptr + dv_off, dD_acc, mask=mask_d)
             if HAS_BIAS:
                 tl.store(dbias_ptr + dv_off, dbias_acc, mask=mask_d)
-            tl.debug_barrier()  # the next tile's recompute overwrites the slot
 
 
 def _check_runs(u: Tensor) -> None:
@@ -389,57 +400,55 @@ def _check_runs(u: Tensor) -> None:
         raise RuntimeError(f"scan impl 'triton' cannot run: {reason}")
 
 
-def _block_d(dim: int, block_d: int | None) -> int:
-    """Channels per program: a power of two, DEFAULT_BLOCK_D or fewer for narrow inputs."""
-    return block_d or min(DEFAULT_BLOCK_D, 1 << max(0, dim - 1).bit_length())
+def _next_power_of_2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
 
 
-def pick_chunk(batch: int, dim: int, length: int, block_d: int | None = None) -> int:
-    """Time steps per chunk: the longest of 256, 128, 64 that still gives `TARGET_PROGRAMS` programs
-    (sequence x channel block x chunk), else 32. A function of the shapes alone, so the op's fake agrees."""
-    rows = batch * -(-dim // _block_d(dim, block_d))
-    for chunk in (256, 128, 64):
-        if rows * -(-length // chunk) >= TARGET_PROGRAMS:
-            return chunk
-    return 32
+class Tiling:
+    """How a (B, D, L) scan is cut: `block_d` channels x `chunk` steps per tile, `splits` groups of
+    `chunks_per_split` chunks along L. A function of the shapes alone, so the op's fake agrees with the kernel.
+
+    Args:
+        batch, dim, length: the shape of u.
+        chunk_size: steps per chunk, a power of two (default `DEFAULT_CHUNK`, less for short sequences).
+        block_d: channels per program, a power of two (default `default_block_d`, less for narrow inputs).
+        splits: groups along L (default: enough for `TARGET_PROGRAMS` programs, at most one per chunk).
+        default_block_d: the pass's default channels per program (`FWD_BLOCK_D` or `BWD_BLOCK_D`).
+    """
+
+    def __init__(self, batch: int, dim: int, length: int, chunk_size: int | None = None,
+                 block_d: int | None = None, splits: int | None = None, *,
+                 default_block_d: int = FWD_BLOCK_D) -> None:
+        self.block_d = block_d or min(default_block_d, _next_power_of_2(dim))
+        self.chunk = chunk_size or min(DEFAULT_CHUNK, max(16, _next_power_of_2(length)))
+        for name, value in (("block_d", self.block_d), ("chunk_size", self.chunk)):
+            if value & (value - 1):
+                raise ValueError(f"Triton scan: {name} must be a power of two, got {value}")
+        self.blocks = -(-dim // self.block_d)
+        self.n_chunks = max(1, -(-length // self.chunk))
+        wanted = splits or -(-TARGET_PROGRAMS // (batch * self.blocks))
+        self.chunks_per_split = -(-self.n_chunks // max(1, min(wanted, self.n_chunks)))
+        self.splits = -(-self.n_chunks // self.chunks_per_split)
 
 
-def _meta(batch: int, dim: int, length: int, dstate: int, chunk_size: int | None,
-          block_d: int | None) -> tuple[int, int, int]:
-    """(BLOCK_D, BLOCK_N, CHUNK): powers of two for the register tiles, CHUNK steps per chunk."""
-    return (_block_d(dim, block_d), triton.next_power_of_2(dstate),
-            chunk_size or pick_chunk(batch, dim, length, block_d))
-
-
-def _num_chunks(length: int, chunk: int) -> int:
-    return max(1, -(-length // chunk))
-
-
-def _chunk_carries(
-    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, z: Tensor | None, delta_bias: Tensor | None,
-    delta_softplus: bool, dout: Tensor | None, n_chunks: int, BLOCK_D: int, BLOCK_N: int, CHUNK: int,
-) -> Tensor:
-    """Passes 1 and 2: the carry entering every chunk, (B, D, n_chunks, N) float32. Forward (dout None): the state
-    before the chunk. Backward: exp(delta A) g from the step after the chunk's end."""
-    batch, dim, length = u.shape
-    dstate = A.shape[1]
-    loc = torch.empty(batch, dim, n_chunks, dstate, device=u.device, dtype=torch.float32)  # (B, D, nc, N)
-    dsum = torch.empty(batch, dim, n_chunks, device=u.device, dtype=torch.float32)  # (B, D, nc)
-    z_ = z if z is not None else u
-    dout_ = dout if dout is not None else u
-    blocks = triton.cdiv(dim, BLOCK_D)
-    _chunk_local_kernel[(batch, blocks, n_chunks)](
-        u, delta, A, B, C, z_, delta_bias if delta_bias is not None else u, dout_, loc, dsum,
-        dim, length, dstate,
-        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *z_.stride(), *dout_.stride(),
-        *loc.stride(), *dsum.stride(),
-        BACKWARD=dout is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
-        SOFTPLUS=bool(delta_softplus), BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, CHUNK=CHUNK,
+def _carries(
+    kernel, args: tuple, strides: tuple, flags: dict, A: Tensor, batch: int, dim: int, dstate: int,
+    tiling: Tiling, block_n: int, backward: bool, num_warps: int,
+) -> Tensor | None:
+    """First pass (LOCAL) and combine pass of a split L: each split's incoming carry, (B, D, splits, N) float32;
+    None when L is not split."""
+    if tiling.splits == 1:
+        return None
+    device = A.device
+    carry = torch.empty(batch, dim, tiling.splits, dstate, device=device, dtype=torch.float32)  # (B, D, S, N)
+    dsum = torch.empty(batch, dim, tiling.splits, device=device, dtype=torch.float32)  # (B, D, S)
+    kernel[(batch, tiling.blocks, tiling.splits)](
+        *args(carry, dsum), dim, *strides(carry, dsum), LOCAL=True, HAS_CARRY=False, **flags,
+        BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )
-    carry = torch.empty_like(loc)  # (B, D, nc, N)
-    _chunk_combine_kernel[(batch, blocks)](
-        A, loc, dsum, carry, dim, dstate, n_chunks, *A.stride(), *loc.stride(), *dsum.stride(),
-        REVERSE=dout is not None, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+    _combine_splits_kernel[(batch, tiling.blocks)](
+        A, carry, dsum, dim, dstate, tiling.splits, *A.stride(), *carry.stride(), *dsum.stride(),
+        BACKWARD=backward, BLOCK_D=tiling.block_d, BLOCK_N=block_n,
     )
     return carry
 
@@ -454,43 +463,53 @@ def scan_fwd(
     z: Tensor | None = None,
     delta_bias: Tensor | None = None,
     delta_softplus: bool = False,
+    reverse: bool = False,
     *,
     chunk_size: int | None = None,
     block_d: int | None = None,
+    splits: int | None = None,
+    num_warps: int = FWD_NUM_WARPS,
 ) -> tuple[Tensor, Tensor]:
-    """Runs the forward's three passes. Arguments as `selective_scan_reference`.
+    """The forward: y and the checkpoints. Arguments as `selective_scan_reference`, and `Tiling`'s.
 
     Args:
-        chunk_size: time steps per chunk (default `pick_chunk`).
-        block_d: channels per program, a power of two (default up to 16).
+        reverse: scan from the last step to the first; y is in the original order.
+        num_warps: warps per program.
 
     Returns:
-        y (B, D, L) in `u.dtype`, and the float32 state before each chunk, (B, D, ceil(L / chunk), N).
+        y (B, D, L) in `u.dtype`, and the float32 state before each chunk in scan order, (B, D, n_chunks, N).
     """
     _check_runs(u)
     batch, dim, length = u.shape
     dstate = A.shape[1]
-    BLOCK_D, BLOCK_N, CHUNK = _meta(batch, dim, length, dstate, chunk_size, block_d)
-    n_chunks = _num_chunks(length, CHUNK)
-    ckpt = _chunk_carries(u, delta, A, B, C, z, delta_bias, delta_softplus, None, n_chunks, BLOCK_D, BLOCK_N, CHUNK)
-    y = torch.empty(batch, dim, length, device=u.device, dtype=u.dtype)  # (B, D, L)
+    tiling = Tiling(batch, dim, length, chunk_size, block_d, splits, default_block_d=FWD_BLOCK_D)
+    block_n = _next_power_of_2(dstate)
+    dev = u.device
+    y = torch.empty(batch, dim, length, device=dev, dtype=u.dtype)  # (B, D, L)
+    ckpt = torch.empty(batch, dim, tiling.n_chunks, dstate, device=dev, dtype=torch.float32)  # (B, D, nc, N)
     z_ = z if z is not None else u
-    _chunk_fwd_kernel[(batch, triton.cdiv(dim, BLOCK_D), n_chunks)](
-        u, delta, A, B, C, D if D is not None else u, z_, delta_bias if delta_bias is not None else u, y, ckpt,
-        dim, length, dstate,
-        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *z_.stride(), *y.stride(),
-        *ckpt.stride(),
-        HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
-        BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, CHUNK=CHUNK,
+    D_ = D if D is not None else u
+    bias_ = delta_bias if delta_bias is not None else u
+    flags = dict(HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
+                 SOFTPLUS=bool(delta_softplus), REVERSE=bool(reverse))
+
+    def args(carry: Tensor, dsum: Tensor) -> tuple:
+        return (u, delta, A, B, C, D_, z_, bias_, y, ckpt, carry, dsum)
+
+    def strides(carry: Tensor, dsum: Tensor) -> tuple:
+        return (length, dstate, tiling.n_chunks, tiling.chunks_per_split,
+                *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *z_.stride(), *y.stride(),
+                *ckpt.stride(), *carry.stride(), *dsum.stride())
+
+    carry = _carries(_fwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, False, num_warps)
+    has_carry = carry is not None
+    if carry is None:
+        carry = ckpt  # not read: HAS_CARRY is off
+    _fwd_kernel[(batch, tiling.blocks, tiling.splits)](
+        *args(carry, ckpt), dim, *strides(carry, ckpt[..., 0]), LOCAL=False, HAS_CARRY=has_carry, **flags,
+        BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )
     return y, ckpt
-
-
-def _bwd_programs(n_tiles: int, device: torch.device) -> int:
-    """Grid of the persistent backward pass: enough programs to fill the GPU, each with its own scratch slot."""
-    if device.type == "cuda":
-        return min(n_tiles, BWD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count)
-    return min(n_tiles, 4)  # the interpreter runs programs one after another
 
 
 def scan_bwd(
@@ -505,12 +524,15 @@ def scan_bwd(
     z: Tensor | None = None,
     delta_bias: Tensor | None = None,
     delta_softplus: bool = False,
+    reverse: bool = False,
     *,
     chunk_size: int | None = None,
     block_d: int | None = None,
+    splits: int | None = None,
+    num_warps: int = BWD_NUM_WARPS,
 ) -> tuple[Tensor | None, ...]:
-    """Runs the backward's three passes and sums their partials; `ckpt` is `scan_fwd`'s second output, made
-    with the same `chunk_size` and `block_d`.
+    """The backward, from `scan_fwd`'s checkpoints (made with the same `chunk_size`; `block_d` and `splits` may
+    differ, the checkpoints are per channel and chunk). Arguments as `scan_fwd`.
 
     Returns:
         (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias) in the dtypes of their inputs, None where the input was None.
@@ -518,47 +540,59 @@ def scan_bwd(
     _check_runs(u)
     batch, dim, length = u.shape
     dstate = A.shape[1]
-    BLOCK_D, BLOCK_N, CHUNK = _meta(batch, dim, length, dstate, chunk_size, block_d)
-    n_chunks = _num_chunks(length, CHUNK)
-    if ckpt.shape != (batch, dim, n_chunks, dstate):
-        raise ValueError(f"ckpt has shape {tuple(ckpt.shape)}, expected {(batch, dim, n_chunks, dstate)}: "
-                         "scan_fwd and scan_bwd need the same chunk_size and block_d")
-    ckpt = ckpt.contiguous()
-    carry = _chunk_carries(u, delta, A, B, C, z, delta_bias, delta_softplus, dout, n_chunks, BLOCK_D, BLOCK_N, CHUNK)
-    blocks = triton.cdiv(dim, BLOCK_D)
-    n_tiles = batch * blocks * n_chunks
-    programs = _bwd_programs(n_tiles, u.device)
+    tiling = Tiling(batch, dim, length, chunk_size, block_d, splits, default_block_d=BWD_BLOCK_D)
+    if ckpt.shape != (batch, dim, tiling.n_chunks, dstate):
+        raise ValueError(f"ckpt has shape {tuple(ckpt.shape)}, expected {(batch, dim, tiling.n_chunks, dstate)}: "
+                         "scan_fwd and scan_bwd need the same chunk_size")
+    block_n = _next_power_of_2(dstate)
     dev, f32 = u.device, torch.float32
     du = torch.empty(batch, dim, length, device=dev, dtype=u.dtype)  # (B, D, L)
     ddelta = torch.empty(batch, dim, length, device=dev, dtype=delta.dtype)  # (B, D, L)
     dz = torch.empty(batch, dim, length, device=dev, dtype=z.dtype) if z is not None else du  # (B, D, L)
-    scratch = torch.empty(programs, CHUNK + 1, BLOCK_D, BLOCK_N, device=dev, dtype=f32)  # (P, T + 1, BD, BN)
-    dA_part = torch.empty(batch, dim, n_chunks, dstate, device=dev, dtype=f32)  # (B, D, nc, N)
-    dvec_part = torch.empty(2, batch, dim, n_chunks, device=dev, dtype=f32)  # dD and d delta_bias, (2, B, D, nc)
-    dBC_part = torch.empty(2, batch, blocks, length, dstate, device=dev, dtype=f32)  # (2, B, blocks, L, N)
+    dA_part = torch.empty(batch, tiling.splits, dim, dstate, device=dev, dtype=f32)  # (B, S, D, N)
+    dvec_part = torch.empty(2, batch, tiling.splits, dim, device=dev, dtype=f32)  # dD, d delta_bias: (2, B, S, D)
+    dBC_part = torch.empty(2, batch, tiling.blocks, dstate, length, device=dev, dtype=f32)  # (2, B, blocks, N, L)
     z_ = z if z is not None else u
-    _chunk_bwd_kernel[(programs,)](
-        u, delta, A, B, C, D if D is not None else u, z_, delta_bias if delta_bias is not None else u, dout, ckpt,
-        carry, scratch, du, ddelta, dz, dA_part, dvec_part[0], dvec_part[1], dBC_part[0], dBC_part[1],
-        dim, length, dstate, n_chunks, blocks, n_tiles,
-        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *z_.stride(), *dout.stride(),
-        *ckpt.stride(), *scratch.stride(), *du.stride(), *dA_part.stride(), *dvec_part[0].stride(),
-        *dBC_part[0].stride(),
-        HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
-        BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, CHUNK=CHUNK,
+    D_ = D if D is not None else u
+    bias_ = delta_bias if delta_bias is not None else u
+    flags = dict(HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
+                 SOFTPLUS=bool(delta_softplus), REVERSE=bool(reverse))
+
+    def args(carry: Tensor, dsum: Tensor) -> tuple:
+        return (u, delta, A, B, C, D_, z_, bias_, dout, ckpt, carry, dsum,
+                du, ddelta, dz, dA_part, dvec_part[0], dvec_part[1], dBC_part[0], dBC_part[1])
+
+    def strides(carry: Tensor, dsum: Tensor) -> tuple:
+        return (length, dstate, tiling.n_chunks, tiling.chunks_per_split,
+                *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *z_.stride(),
+                *dout.stride(), *ckpt.stride(), *carry.stride(), *dsum.stride(), *du.stride(), *dA_part.stride(),
+                *dvec_part[0].stride(), *dBC_part[0].stride())
+
+    carry = _carries(_bwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, True, num_warps)
+    has_carry = carry is not None
+    if carry is None:
+        carry = ckpt  # not read: HAS_CARRY is off
+    _bwd_kernel[(batch, tiling.blocks, tiling.splits)](
+        *args(carry, ckpt[..., 0]), dim, *strides(carry, ckpt[..., 0]), LOCAL=False, HAS_CARRY=has_carry,
+        **flags, BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )
     # Summed apart so that dB and dC are separate tensors (an op's outputs must not alias each other).
-    dB, dC = (part.sum(1).transpose(-1, -2).contiguous() for part in dBC_part)  # (B, N, L) each
+    dB, dC = (part.sum(1) for part in dBC_part)  # (B, N, L) each
     return (
         du,
         ddelta,
-        dA_part.sum((0, 2)).to(A.dtype),
+        dA_part.sum((0, 1)).to(A.dtype),
         dB.to(B.dtype),
         dC.to(C.dtype),
-        dvec_part[0].sum((0, 2)).to(D.dtype) if D is not None else None,
+        dvec_part[0].sum((0, 1)).to(D.dtype) if D is not None else None,
         dz if z is not None else None,
-        dvec_part[1].sum((0, 2)).to(delta_bias.dtype) if delta_bias is not None else None,
+        dvec_part[1].sum((0, 1)).to(delta_bias.dtype) if delta_bias is not None else None,
     )
+
+
+def num_checkpoints(batch: int, dim: int, length: int) -> int:
+    """Chunks of the default tiling: the checkpoint count of `scan_fwd`'s second output."""
+    return Tiling(batch, dim, length).n_chunks
 
 
 @torch.library.custom_op("mixerbench::selective_scan_triton", mutates_args=())
@@ -572,9 +606,10 @@ def _selective_scan_triton_op(
     z: Tensor | None,
     delta_bias: Tensor | None,
     delta_softplus: bool,
+    reverse: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """y and the chunk-start states (kept for the backward), from the Triton forward kernel."""
-    return scan_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    """y and the chunk checkpoints (kept for the backward), from the Triton forward kernel."""
+    return scan_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse)
 
 
 @_selective_scan_triton_op.register_fake
@@ -588,10 +623,10 @@ def _selective_scan_triton_fake(
     z: Tensor | None,
     delta_bias: Tensor | None,
     delta_softplus: bool,
+    reverse: bool = False,
 ) -> tuple[Tensor, Tensor]:
     batch, dim, length = u.shape
-    ckpt = u.new_empty(batch, dim, _num_chunks(length, pick_chunk(batch, dim, length)), A.shape[1],
-                       dtype=torch.float32)
+    ckpt = u.new_empty(batch, dim, num_checkpoints(batch, dim, length), A.shape[1], dtype=torch.float32)
     return u.new_empty(u.shape), ckpt
 
 
@@ -608,9 +643,10 @@ def _selective_scan_triton_bwd_op(
     z: Tensor | None,
     delta_bias: Tensor | None,
     delta_softplus: bool,
+    reverse: bool = False,
 ) -> list[Tensor]:
     """The Triton backward as an op of its own, so that tracing the backward sees one op and its fake."""
-    grads = scan_bwd(dout, ckpt, u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    grads = scan_bwd(dout, ckpt, u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse)
     # An op cannot return None: absent inputs get empty placeholders, dropped again in `_backward`.
     return [g if g is not None else u.new_empty(0) for g in grads]
 
@@ -628,6 +664,7 @@ def _selective_scan_triton_bwd_fake(
     z: Tensor | None,
     delta_bias: Tensor | None,
     delta_softplus: bool,
+    reverse: bool = False,
 ) -> list[Tensor]:
     optional = [t.new_empty(t.shape) if t is not None else u.new_empty(0) for t in (D, z, delta_bias)]
     return [
@@ -641,19 +678,21 @@ def _selective_scan_triton_bwd_fake(
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    u, delta, A, B, C, D, z, delta_bias, delta_softplus = inputs
+    u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse = inputs
     ctx.save_for_backward(output[1], u, delta, A, B, C, D, z, delta_bias)
     ctx.delta_softplus = delta_softplus
+    ctx.reverse = reverse
     ctx.present = (D is not None, z is not None, delta_bias is not None)
 
 
 def _backward(ctx, dy: Tensor, dckpt: Tensor | None) -> tuple[Tensor | None, ...]:
     ckpt, u, delta, A, B, C, D, z, delta_bias = ctx.saved_tensors
     du, ddelta, dA, dB, dC, dD, dz, dbias = torch.ops.mixerbench.selective_scan_triton_bwd(
-        dy, ckpt, u, delta, A, B, C, D, z, delta_bias, ctx.delta_softplus
+        dy, ckpt, u, delta, A, B, C, D, z, delta_bias, ctx.delta_softplus, ctx.reverse
     )
     has_D, has_z, has_bias = ctx.present
-    return (du, ddelta, dA, dB, dC, dD if has_D else None, dz if has_z else None, dbias if has_bias else None, None)
+    return (du, ddelta, dA, dB, dC, dD if has_D else None, dz if has_z else None, dbias if has_bias else None,
+            None, None)
 
 
 _selective_scan_triton_op.register_autograd(_backward, setup_context=_setup_context)

@@ -57,7 +57,12 @@ def test_cuda_bf16_matches_cpu_fp32(name: str) -> None:
     assert relative_error(out.float().cpu(), reference) < 3e-2
 
 
-def _scan_pair(impl: str, dtype: torch.dtype, length: int) -> tuple[dict, dict, str, Tensor, Tensor]:
+# mamba-ssm's own test tolerances (tests/ops/test_selective_scan.py): (rtol, atol) per input dtype.
+MAMBA_TOLERANCES = {torch.float32: (6e-4, 2e-3), torch.bfloat16: (3e-2, 5e-2)}
+
+
+def _scan_pair(impl: str, dtype: torch.dtype, length: int,
+               reverse: bool = False) -> tuple[dict, dict, str, Tensor, Tensor]:
     """`impl` on CUDA inputs of `dtype` against torch_stream on the same values upcast to float32.
 
     Returns the low-precision inputs, their float32 copies, the implementation that ran, y and y_ref.
@@ -75,18 +80,13 @@ def _scan_pair(impl: str, dtype: torch.dtype, length: int) -> tuple[dict, dict, 
     # Against the unrounded float32 inputs, bf16's 2^-9 input rounding alone moves y past atol 5e-2 somewhere
     # among 2 x 64 x 4096 outputs (greatest relative difference 2.16 at L = 4096 on an H100).
     ref = {k: v.detach().float().requires_grad_() for k, v in low.items()}
-    y, name = selective_scan(**low, delta_softplus=True, impl=impl)
-    y_ref, _ = selective_scan(**ref, delta_softplus=True, impl="torch_stream")
+    y, name = selective_scan(**low, delta_softplus=True, impl=impl, reverse=reverse)
+    y_ref, _ = selective_scan(**ref, delta_softplus=True, impl="torch_stream", reverse=reverse)
     return low, ref, name, y, y_ref
 
 
-@pytest.mark.skipif(resolve_scan_impl("auto", torch.device("cuda")) != "mamba_ssm_cuda",
-                    reason="mamba-ssm's CUDA kernel does not import here")
-@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float32, 6e-4, 2e-3), (torch.bfloat16, 3e-2, 5e-2)])
-def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype, rtol: float, atol: float) -> None:
-    """mamba-ssm's kernel against our scan at mamba's own test tolerances, forward and every gradient."""
-    low, ref, impl, y, y_ref = _scan_pair("mamba_ssm_cuda", dtype, 257)
-    assert impl == "mamba_ssm_cuda"
+def _assert_scan_matches(low: dict, ref: dict, y: Tensor, y_ref: Tensor, rtol: float, atol: float) -> None:
+    """y and every input gradient of sum(y) within (rtol, atol), a gradient's atol scaled by its largest entry."""
     torch.testing.assert_close(y.float(), y_ref, rtol=rtol, atol=atol)
     grads = torch.autograd.grad(y.float().sum(), list(low.values()))
     grads_ref = torch.autograd.grad(y_ref.sum(), list(ref.values()))
@@ -95,21 +95,24 @@ def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype, rtol: float, ato
                                    msg=f"gradient of {name}")
 
 
+@pytest.mark.skipif(resolve_scan_impl("auto", torch.device("cuda")) != "mamba_ssm_cuda",
+                    reason="mamba-ssm's CUDA kernel does not import here")
+@pytest.mark.parametrize("dtype", list(MAMBA_TOLERANCES))
+def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype) -> None:
+    """mamba-ssm's kernel against our scan at mamba's own test tolerances, forward and every gradient."""
+    low, ref, impl, y, y_ref = _scan_pair("mamba_ssm_cuda", dtype, 257)
+    assert impl == "mamba_ssm_cuda"
+    _assert_scan_matches(low, ref, y, y_ref, *MAMBA_TOLERANCES[dtype])
+
+
 @pytest.mark.skipif(triton_unavailable_reason(torch.device("cuda"), torch.float32) is not None,
                     reason="triton does not import here")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_kernel_matches_pure_scan(dtype: torch.dtype) -> None:
-    """The Triton kernels against our scan at L=4096: fp32 within 1e-4 norm-wise, bf16 at mamba's tolerances."""
-    low, ref, impl, y, y_ref = _scan_pair("triton", dtype, 4096)
-    assert impl == "triton" and y.dtype == dtype
-    grads = torch.autograd.grad(y.float().sum(), list(low.values()))
-    grads_ref = torch.autograd.grad(y_ref.sum(), list(ref.values()))
-    if dtype == torch.float32:
-        assert relative_error(y, y_ref) <= 1e-4
-        for name, g, g_ref in zip(low, grads, grads_ref):
-            assert relative_error(g, g_ref) <= 1e-4, f"gradient of {name}"
-        return
-    torch.testing.assert_close(y.float(), y_ref, rtol=3e-2, atol=5e-2)
-    for name, g, g_ref in zip(low, grads, grads_ref):
-        torch.testing.assert_close(g.float(), g_ref, rtol=3e-2, atol=5e-2 * max(1.0, g_ref.abs().max().item() / 10),
-                                   msg=f"gradient of {name}")
+@pytest.mark.parametrize("length", [4096, 65536])
+@pytest.mark.parametrize("dtype", list(MAMBA_TOLERANCES))
+@pytest.mark.parametrize("impl,reverse", [("triton", False), ("triton", True), ("triton_v1", False)])
+def test_triton_kernels_match_pure_scan(impl: str, reverse: bool, dtype: torch.dtype, length: int) -> None:
+    """The Triton kernels (the new one in both directions, the first one forward) against our scan at mamba-ssm's
+    tolerances, forward and every gradient, at L = 4096 and 65,536 (many chunks, and an L split at B x D = 128)."""
+    low, ref, ran, y, y_ref = _scan_pair(impl, dtype, length, reverse)
+    assert ran == impl and y.dtype == dtype
+    _assert_scan_matches(low, ref, y, y_ref, *MAMBA_TOLERANCES[dtype])

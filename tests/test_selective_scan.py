@@ -105,6 +105,25 @@ def test_gradients_match_reference(impl: str, length: int, with_D: bool, with_z:
         torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10, msg=f"d/d{name} differs")
 
 
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_reverse_scans_backwards_in_time(impl: str) -> None:
+    """`reverse=True` (flipped around the pure-PyTorch impls) equals the reference's loop run from the last step
+    to the first, forward and every gradient; and that loop equals flip, scan, flip back (Vim's formulation)."""
+    inputs = make_inputs(length=19, dtype=torch.float64)
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    leaves = {k: inputs[k].clone().requires_grad_() for k in names}
+    dy = torch.randn_like(inputs["u"])
+    y_ref = selective_scan_reference(**{**inputs, **leaves}, reverse=True)
+    grads_ref = torch.autograd.grad(y_ref, list(leaves.values()), dy)
+    y, name = selective_scan(**{**inputs, **leaves}, impl=impl, reverse=True)
+    assert name == impl
+    grads = torch.autograd.grad(y, list(leaves.values()), dy)
+    for key, g, g_ref in zip(["y", *names], (y, *grads), (y_ref, *grads_ref)):
+        torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10, msg=f"{key} differs")
+    flipped = {k: v.flip(-1) if k in ("u", "delta", "B", "C", "z") else v for k, v in inputs.items()}
+    torch.testing.assert_close(selective_scan_reference(**flipped).flip(-1), y_ref.detach(), rtol=1e-12, atol=1e-12)
+
+
 def test_backward_chunking_is_exact() -> None:
     """The op's backward recomputes states chunk by chunk; chunk edges must not change the gradients."""
     from mixers.selective_scan import _stream_backward
@@ -190,6 +209,6 @@ def test_impl_resolution_on_cpu() -> None:
         resolve_scan_impl("cuda_magic", cpu)
     meta = torch.device("meta")  # shapes only: routed to ops with fakes and the flop formula
     assert [resolve_scan_impl(i, meta) for i in SCAN_IMPLS] == [
-        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop"]
+        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop", "triton_v1"]
     _, name = selective_scan(**make_inputs(length=3))
     assert name == "torch_stream"

@@ -13,8 +13,9 @@ IQRs, speed-ups and the largest differences of outputs and gradients.
 (pip prepares the sdist's metadata, which imports torch: hence no build isolation, in an environment with torch)
 and pass `--mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1`. Without it only our scans are timed.
 
-With `--device cuda` it instead times the GPU implementations (`triton`, `torch_stream`, and `mamba_ssm_cuda`
-where mamba-ssm imports) forward and forward+backward over L = 1K..64K at a Vim-tiny-like B=1, D=384 (expand 2 x
+With `--device cuda` it instead times the GPU implementations (`triton`, `triton_v1`, `torch_stream`, and
+`mamba_ssm_cuda` where mamba-ssm imports) forward, forward+backward, and Vision Mamba's bidirectional pair
+(`bidir fwd+bwd`: a forward and a reverse scan) over L = 1K..64K at a Vim-tiny-like B=1, D=384 (expand 2 x
 dim 192), N=16, in bf16 or fp32 (`--dtype`), and prints one table; see `bench_cuda`.
 
 Usage:
@@ -141,7 +142,7 @@ def bench_cuda(
     Returns:
         rows (L, implementation, pass, median ms, IQR ms).
     """
-    impls = ["triton", "torch_stream"]
+    impls = ["triton", "triton_v1", "torch_stream"]
     if resolve_scan_impl("auto", torch.device("cuda"), dtype) == "mamba_ssm_cuda":
         impls.insert(0, "mamba_ssm_cuda")
     print(f"selective scan on {torch.cuda.get_device_name()}, B={batch} D={channels} N={d_state}, {dtype} inputs, "
@@ -166,7 +167,14 @@ def bench_cuda(
                 y, _ = selective_scan(**{**inputs, **leaves}, impl=impl)
                 torch.autograd.grad(y, list(leaves.values()), dy)
 
-            for pass_name, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
+            # Vision Mamba's bidirectional pair: one scan forward, one backward in time (`reverse`: read backwards
+            # by `triton`, flipped around the others as Vim does).
+            def pair_forward_backward(impl=impl, leaves=leaves) -> None:
+                ys = [selective_scan(**{**inputs, **leaves}, impl=impl, reverse=r)[0] for r in (False, True)]
+                torch.autograd.grad(ys, list(leaves.values()), [dy, dy])
+
+            for pass_name, fn in (("fwd", forward), ("fwd+bwd", forward_backward),
+                                  ("bidir fwd+bwd", pair_forward_backward)):
                 m = time_it(fn, 1, repeats, block_seconds)
                 rows.append((length, impl, pass_name, m.median * 1e3, m.iqr * 1e3))
         torch.cuda.empty_cache()
