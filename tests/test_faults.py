@@ -23,20 +23,13 @@ from experiments.sweep.runs_file import append_row, read_rows
 
 import tiny_sweep
 from tiny_sweep import tiny_config
+from messages import one_line_error
 
 TINY = tiny_config(["linear"], [16, 32])
 
 
 def write_config(tmp_path: Path, text: str = TINY) -> Path:
     return tiny_sweep.write_config(tmp_path, text)
-
-
-def one_line_error(capsys, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 def _row(mixer: str, img_size: int = 16) -> dict[str, object]:

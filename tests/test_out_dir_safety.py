@@ -20,17 +20,10 @@ from experiments.sweep.runs_file import append_row
 
 import tiny_sweep
 from tiny_sweep import tiny_config
+from messages import one_line_error
 
 TINY = tiny_config(["linear"], [16, 32])
 USER_FILES = {"tables/results_2023.csv": b"year,score\n2023,1\n", "figures/fig1.png": b"\x89PNG my figure"}
-
-
-def one_line_error(capsys, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 def cost_row(img_size: int, patch_size: int = 8) -> dict[str, object]:

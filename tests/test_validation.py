@@ -8,6 +8,7 @@ import pytest
 
 from experiments.report.build import build_report
 from experiments.sweep.runs_file import append_row
+from messages import one_line_error
 
 
 def _cost_row(mixer: str, img_size: int, patch_size: int, overrides: str, status: str) -> dict[str, object]:
@@ -41,15 +42,6 @@ def test_report_builds_when_one_override_setting_failed_everywhere(tmp_path: Pat
 
 
 # --- defect 7: config values that ran nothing, meant something else, or failed every point -------------------
-
-def one_line_error(capsys, *fragments: str) -> str:
-    """The captured stderr, checked to be one line without a traceback that holds every fragment."""
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
-
 
 BASE = 'name = "t"\nmixers = ["linear"]\nimg_sizes = [16]\npatch_sizes = [8]\n'
 
