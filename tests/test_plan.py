@@ -185,6 +185,16 @@ def test_time_between_two_runs_is_not_counted_as_per_point_overhead(tmp_path: Pa
     assert planner.gap_s == 0.3
 
 
+def test_tiny_budget_reruns_each_add_a_row(tmp_path: Path, capsys) -> None:
+    config, out = tmp_path / "tiny.toml", tmp_path / "out"
+    config.write_text(TINY)
+    args = ["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--budget-minutes", "0.0001"]
+    for runs in (1, 2):
+        assert main(args) == 0
+        assert len(read_rows(out / "runs.csv")) == runs
+    assert "every run makes at least one point" in capsys.readouterr().out
+
+
 def test_calibration_keeps_what_it_measured_when_its_bound_stops_a_slow_size(monkeypatch) -> None:
     """The calibration ran in one child for all sizes: a slow size killed at the limit lost every row, and a dry
     run of large sizes measured for a minute to print 'unknown'."""
