@@ -42,14 +42,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="also check published claims against this sweep: a file of experiments/report/claims/ "
                         "(e.g. vim_1248) or a TOML path; adds tables/claims.* and a section to summary.md")
     args = parser.parse_args(argv)
+    if args.sweep_dir.is_file():  # the runs.csv itself: its folder is the sweep's (summary and tables go there)
+        if args.sweep_dir.name != "runs.csv":
+            print(f"error: {args.sweep_dir} is a file, not a sweep folder; give the folder that holds runs.csv",
+                  file=sys.stderr)
+            return 2
+        args.sweep_dir = args.sweep_dir.parent
     try:
         if args.readme:
             check_headline_target(args.readme, args.headline)  # before the report is rewritten, not after
         written = build_report(args.sweep_dir)
         if args.claims:
-            sweep_dir = args.sweep_dir.parent if args.sweep_dir.is_file() else args.sweep_dir
-            claim_files, section = write_claims(load_runs(sweep_dir / "runs.csv"), args.claims, sweep_dir / "tables")
-            summary = sweep_dir / "summary.md"
+            claim_files, section = write_claims(load_runs(args.sweep_dir / "runs.csv"), args.claims,
+                                                args.sweep_dir / "tables")
+            summary = args.sweep_dir / "summary.md"
             summary.write_text(summary.read_text(encoding="utf-8") + "\n" + section, encoding="utf-8")
             written += claim_files
         if args.readme:
