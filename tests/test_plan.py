@@ -76,13 +76,14 @@ class _FakePlanner:
 
 def test_budget_holds_back_what_would_overrun_and_bounds_the_rest() -> None:
     points = _points([16, 32, 48])
-    budget = Budget(1.0, _FakePlanner(seconds=50.0), time.monotonic())  # 60 s: one 50 s point fits
-    handed = list(budget.points(points[:1]))
-    assert len(handed) == 1 and handed[0].timeout_s <= 60.0
-    assert budget.cut_short(handed[0], {"status": "timeout"})  # a budget timeout writes no row
-    assert not budget.cut_short(handed[0], {"status": "ok"})
+    budget = Budget(1.0, _FakePlanner(seconds=25.0), time.monotonic())  # 60 s: two 25 s points fit
+    handed = list(budget.points(points[:2]))
+    assert handed[0] == points[0]  # a run's first point runs whole, with its own limit (the test below)
+    assert len(handed) == 2 and handed[1].timeout_s <= 60.0
+    assert budget.cut_short(handed[1], {"status": "timeout"})  # a budget timeout writes no row
+    assert not budget.cut_short(handed[1], {"status": "ok"})
     budget.deadline = time.monotonic() + 10.0
-    assert list(budget.points(points[1:])) == [] and len(budget.held_back) == 2
+    assert list(budget.points(points[2:])) == [] and len(budget.held_back) == 1
 
 
 def test_budgeted_sweep_stops_within_budget_and_resumes_without_duplicates(tmp_path: Path) -> None:
@@ -154,3 +155,72 @@ def test_planner_builds_from_training_rows_alone(tmp_path: Path) -> None:
     runs.write_text((REPO / "results" / "reach_cpu" / "runs.csv").read_text())
     planner = Planner.build(points, runs, calibrate=False)
     assert all(planner.predict(p).point.key == p.key for p in points)
+
+
+def test_a_spent_budget_still_runs_one_point_so_a_rerun_progresses() -> None:
+    """A budget smaller than any point (or spent calibrating) ran nothing: every rerun stopped where it was."""
+    points = _points([16, 32, 48])
+    budget = Budget(1.0, _FakePlanner(seconds=500.0), time.monotonic() - 120.0)  # spent a minute ago
+    handed = list(budget.points(points))
+    assert handed == points[:1]  # with its own time limit: the budget must not cut the one point a run makes
+    assert budget.forced == points[0].key and not budget.cut_short(handed[0], {"status": "timeout"})
+    assert budget.held_back == points[1:]
+
+
+def test_time_between_two_runs_is_not_counted_as_per_point_overhead(tmp_path: Path) -> None:
+    """Rows written one per run, 10 s apart: the gap between runs once became every point's predicted overhead,
+    so a small budget held back every point (defect 6)."""
+    from experiments.sweep.plan import DEFAULT_GAP_S, Planner
+
+    runs = tmp_path / "runs.csv"
+    points = _points([16, 32, 48, 64, 80, 96, 112])
+    for index, point in enumerate(points):
+        append_row(runs, {**{c: getattr(point, c) for c in KEY_COLUMNS}, "tokens": point.tokens, "status": "ok",
+                          "latency_ms": 1.0, "peak_mem_mb": 1.0, "point_seconds": 0.1,
+                          "timestamp": f"2024-01-01T00:00:{10 * index:02d}+00:00"})
+    planner = Planner.build(points, runs, calibrate=False)
+    assert planner.gap_s == DEFAULT_GAP_S
+    for gap in (0.3, 0.2, 0.4):  # what this run sees between its own rows replaces it
+        planner.observe_gap(gap)
+    assert planner.gap_s == 0.3
+
+
+def test_tiny_budget_reruns_each_add_a_row(tmp_path: Path, capsys) -> None:
+    config, out = tmp_path / "tiny.toml", tmp_path / "out"
+    config.write_text(TINY)
+    args = ["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--budget-minutes", "0.0001"]
+    for runs in (1, 2):
+        assert main(args) == 0
+        assert len(read_rows(out / "runs.csv")) == runs
+    assert "every run makes at least one point" in capsys.readouterr().out
+
+
+def test_calibration_keeps_what_it_measured_when_its_bound_stops_a_slow_size(monkeypatch) -> None:
+    """The calibration ran in one child for all sizes: a slow size killed at the limit lost every row, and a dry
+    run of large sizes measured for a minute to print 'unknown'."""
+    import experiments.sweep.isolation as isolation
+    from experiments.sweep.plan import calibrate_worker, run_calibration
+
+    limits = []
+
+    def fake_run_isolated(target, job, timeout_s: float) -> dict:
+        if target is not calibrate_worker:
+            return {"status": "ok"}
+        limits.append(timeout_s)
+        if job.point.img_size > 16:
+            return {"status": "timeout"}
+        return {"status": "ok", "rows": [{"img_size": job.point.img_size, "latency_ms": 1.0}]}
+
+    monkeypatch.setattr(isolation, "run_isolated", fake_run_isolated)
+    rows, _, stopped = run_calibration(_points([16, 64, 128]), seconds=5.0)
+    assert stopped and len(rows) == 1 and rows[0]["img_size"] == "16"
+    assert len(limits) == 2 and max(limits) <= 5.0  # no size may run past the bound
+
+
+def test_plan_names_what_it_cannot_predict_and_why() -> None:
+    from experiments.sweep.plan import DEFAULT_GAP_S, Planner, plan_lines
+
+    points = _points([16, 32])
+    lines = plan_lines(Planner([], [], None, "unknown", DEFAULT_GAP_S), points)
+    assert "no point could be predicted" in lines[-2]
+    assert lines[-1].startswith("  not predicted, 2 points: no measured row of attention|cpu|float32")

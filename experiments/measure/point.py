@@ -61,8 +61,10 @@ class Point:
         return point_group(asdict(self))
 
     def label(self) -> str:
+        """One line for progress and plans; a training point names its seed, which is all that tells its seeds
+        apart (a cost point runs once, with one seed, so it does not)."""
         extra = f" {self.overrides}" if self.overrides != "{}" else ""
-        train = f" {self.dataset} x{self.epochs}ep" if self.epochs else ""
+        train = f" {self.dataset} x{self.epochs}ep seed {self.seed}" if self.epochs else ""
         compiled = f" compile={self.compile}" if self.compile else ""
         graphed = " graphed" if self.timing_mode == "graphed" else ""
         batch = "max" if self.batch_size == MAX_BATCH else self.batch_size

@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="also check published claims against this sweep: a file of experiments/report/claims/ "
                         "(e.g. vim_1248) or a TOML path; adds tables/claims.* and a section to summary.md")
     args = parser.parse_args(argv)
+    if args.sweep_dir.is_file():  # the runs.csv itself: its folder is the sweep's (summary and tables go there)
+        if args.sweep_dir.name != "runs.csv":
+            print(f"error: {args.sweep_dir} is a file, not a sweep folder; give the folder that holds runs.csv",
+                  file=sys.stderr)
+            return 2
+        args.sweep_dir = args.sweep_dir.parent
     try:
         if args.readme:  # before the report is rewritten, not after
             check_headline_target(args.readme, args.headline, args.sweep_dir)

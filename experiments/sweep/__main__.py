@@ -18,8 +18,9 @@ from pathlib import Path
 from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
 from ..train.datasets import DATASET_NAMES, DatasetError
-from .config import (ConfigError, SweepConfig, _digest, batch_size_arg, config_from_dict, load_config,
-                     named_configs)
+from .config import (GRID_FIELDS, SWEEP_FIELDS, ConfigError, SweepConfig, _digest, apply_flags, batch_size_arg,
+                     config_from_dict, describe_runs, flag_built_values, flag_to_option, load_config, named_configs,
+                     union_points)
 from .lr_stages import seed_points, stage_lines
 from .plan import Budget, Planner, budget_order, load_note, plan_lines
 from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
@@ -27,6 +28,24 @@ from .device_peak import with_device_peak
 from .out_dir import OutDirError, SweepLock, check_out_dir
 from .references import check_clean_tree
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
+
+# A dry run calibrates for at most this long (a grid of large sizes would otherwise measure for minutes); what it
+# could not measure in that time is named in the plan as not predicted, with the reason.
+DRY_RUN_CALIBRATION_S = 20.0
+
+# Which runs a flag changes; the same text is the module docstring of experiments/sweep/config.py in short.
+FLAG_RULE = """\
+which runs a flag changes (--dry-run prints, per run, what it does, its points and the flags it took):
+  --mixers, --presets, --img-sizes, --patch-sizes or --batch-sizes WITHOUT --config: a sweep of that grid alone,
+      one run on the default config's top-level fields (what the flags leave: sizes, patches, timing), none of
+      its runs; cost only unless --epochs N (N > 0, with --dataset) asks it to train; into results/local/custom/
+      unless --out says otherwise
+  with --config X (or no grid flag, on the default config):
+      grid flags and --device, --dtype, --timeout-s, --memory-limit-mb, --num-threads, --compile: every run
+      --epochs, --dataset, --data-dir, --data-path, --seeds: the runs that train (every run if none trains)
+      --out, --launcher: the sweep
+  seeds multiply training points only: a cost point runs once, with the first seed (its time and memory do not
+  depend on the values of the initial weights)"""
 
 # Flags that override config fields: flag name -> (field, argparse kwargs)
 _FIELD_FLAGS = {
@@ -68,13 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m experiments.sweep",
         allow_abbrev=False,  # a typo of one flag must not silently set another
-        description=__doc__.split("\n\n")[0] + " With no arguments it runs the embedded default sweep "
-        "(all built-in mixers, micro preset, CPU, 16 to 4096 tokens, then a short reach training run with 3 "
-        "seeds) into results/local/default/. Command-line flags override the chosen --config.",
-        epilog="Fields not given on the command line come from the config file; see experiments/configs/.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the rule's layout below
+        description=__doc__.split("\n\n")[0] + "\nWith no arguments it runs the embedded default sweep (all "
+        "built-in mixers, micro preset, CPU, 16 to 4096 tokens,\nthen a short reach training run with 3 seeds) "
+        "into results/local/default/.",
+        epilog=FLAG_RULE + "\n\nFields not given on the command line come from the config file; see "
+        "experiments/configs/.",
     )
-    parser.add_argument("--config", default="default", metavar="NAME|PATH",
-                        help=f"named config ({', '.join(named_configs())}) or a TOML file; default: default")
+    parser.add_argument("--config", default=None, metavar="NAME|PATH",
+                        help=f"named config ({', '.join(named_configs())}) or a TOML file; default: default (but "
+                        "grid flags without --config make a sweep of their own, see below)")
     for name, kwargs in _FIELD_FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, **kwargs)
     parser.add_argument("--slurm", default=None, metavar="PARTITION",
@@ -91,14 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "uncommitted changes; its rows say dirty=True")
     parser.add_argument("--dry-run", action="store_true",
                         help="print each point's predicted latency, memory and time, and the sweep's total, and stop")
-    parser.add_argument("--budget-minutes", type=float, default=None, metavar="M",
+    parser.add_argument("--budget-minutes", type=_minutes, default=None, metavar="M",
                         help="run the most informative points first (coarse sizes of every curve) and stop before M "
-                             "minutes are spent; rerun the same command to continue")
+                             "minutes are spent; rerun the same command to continue (every run makes at least "
+                             "one point, even one predicted to take longer)")
     parser.add_argument("--calibrate-from", nargs="+", type=Path, default=[], metavar="RUNS_CSV",
                         help="runs.csv files of the target device to fit the cost model to (e.g. a GPU's, when "
                              "planning a CUDA sweep on a CPU machine)")
     parser.add_argument("--no-plan", action="store_true",
-                        help="no cost prediction (skips the calibration run; rows get no predicted_* cells)")
+                        help="no cost prediction (skips the calibration run; rows get no predicted_* cells); with "
+                        "--dry-run: list the runs and points without measuring anything")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--save-weights", action="store_true",
                         help="training points save their final weights to <out>/weights/<key hash>.safetensors, "
@@ -106,14 +130,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> SweepConfig:
-    values, source = load_config(args.config)
+def _minutes(text: str) -> float:
+    """A budget in minutes: a finite number > 0 (0, a negative or NaN budget would run nothing, or run for ever)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of minutes > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of minutes > 0, got {text!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagsApplied:
+    """How the command line made the sweep, for --dry-run: a header line and, per run, the flags it took."""
+
+    header: str
+    taken: list[list[str]]
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[SweepConfig, FlagsApplied]:
+    """The sweep the command line asks for, by the rule of `FLAG_RULE` (experiments/sweep/config.py has it whole)."""
     flags = {name: getattr(args, name) for name in _FIELD_FLAGS if getattr(args, name) is not None}
-    values = {**values, **flags}
-    if flags and isinstance(values.get("runs"), list):  # anything else is refused by config_from_dict
-        run_flags = {k: v for k, v in flags.items() if k not in ("out", "launcher")}
-        values["runs"] = [{**run, **run_flags} if isinstance(run, dict) else run for run in values["runs"]]
-    return config_from_dict(values, source)
+    grid = [flag_to_option(k) for k in GRID_FIELDS if k in flags]
+    if args.config is None and grid:
+        default, _ = load_config("default")
+        config = config_from_dict(flag_built_values(default, flags), "command line")
+        header = (f"a sweep built from the command line ({', '.join(grid)} without --config): one run of that grid "
+                  "on the default config's top-level fields, none of its runs")
+        return config, FlagsApplied(header, [[k for k in flags if k not in SWEEP_FIELDS]])
+    values, source = load_config(args.config or "default")
+    values, taken = apply_flags(values, flags)
+    config = config_from_dict(values, source)
+    return config, FlagsApplied(f"config {source} ({config.name}), {len(taken)} run{'s' * (len(taken) > 1)}", taken)
 
 
 def skipped_row(point: Point, oom_tokens: int) -> dict[str, object]:
@@ -184,14 +233,59 @@ def summary_line(point: Point, row: dict) -> str:
     return f"{'ok':>8}  {point.label()}  " + ", ".join(parts)
 
 
+class PlannedProgress:
+    """The progress bar, with the planner's time left where there is a planner.
+
+    tqdm's own estimate assumes every point costs the mean of those done so far; a sweep runs the small points of
+    a curve first (and a budgeted one its coarse sizes), so that estimate ran far short (3 s shown with 32 s
+    left). With a planner the bar shows the sum of its predictions for the points not yet finished instead.
+    """
+
+    def __init__(self, points: list[Point], planner: Planner | None, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.planner = planner
+        self.left = {p.key: p for p in points}
+        # Without tqdm's {remaining}: the postfix carries the planner's figure.
+        bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]" if planner else None
+        self.bar = tqdm(total=len(points), disable=not enabled, unit="point", dynamic_ncols=True,
+                        bar_format=bar_format)
+
+    def seconds_left(self) -> str:
+        """'~32 s left (planner)', with how many points it could not predict; '' without a planner."""
+        if self.planner is None or not self.left:
+            return ""
+        predicted = [self.planner.predict(p).point_s for p in self.left.values()]
+        known = [s for s in predicted if s is not None]
+        if not known:
+            return "time left unknown (no prediction yet)"
+        total = sum(known)
+        text = f"~{total:.0f} s" if total < 120 else f"~{total / 60:.1f} min"
+        unknown = len(predicted) - len(known)
+        return f"{text} left (planner)" + (f" + {unknown} points not predicted" if unknown else "")
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        """What the launchers call as a point starts (`text`: its label)."""
+        eta = self.seconds_left()
+        self.bar.set_postfix_str(f"{text}; {eta}" if eta else text, refresh=refresh)
+
+    def write(self, text: str) -> None:
+        self.bar.write(text)
+
+    def finished(self, point: Point) -> None:
+        self.left.pop(point.key, None)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = False, progress: bool = True,
               slurm_partition: str | None = None, planner: Planner | None = None,
               budget_minutes: float | None = None, started: float | None = None) -> Path:
     """Runs the pending ones of `points` (the validated `config.points(...)`), appending rows to <out>/runs.csv;
     returns that path. With a `planner` each row records its prediction; with a budget the points run coarse
-    first and those that would overrun it are left for the next run."""
-    from tqdm import tqdm
-
+    first and those that would overrun it are left for the next run (every run makes at least one)."""
     from .launchers import make_launcher
     from ..measure.run import describe_without_running
 
@@ -211,17 +305,27 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
         todo = [p for p in budget_order(points, {p.key: planner.predict(p) for p in points}) if p.key in pending]
     wanted_train_step = {p.key: p.measure_train_step for p in todo}
     launcher = make_launcher(config, slurm_partition, max((p.timeout_s for p in todo), default=0.0))
-    bar = tqdm(total=len(todo), disable=not progress, unit="point", dynamic_ncols=True)
+    bar = PlannedProgress(todo, planner, progress)
     bar.write(f"{config.name}: {len(points)} points, {len(points) - len(todo)} already in {runs_path}, "
               f"{len(todo)} to run{machine_note}")
     todo = with_device_peak(todo, bar.write)
+    # Wall time between two rows that the row's own point_seconds does not see (process start, bookkeeping),
+    # measured in this run only: time between two runs of the command is no per-point overhead.
+    last_row_at: list[float] = []
 
     def record(point: Point, row: dict) -> None:
         if budget and budget.cut_short(point, row):
             bar.write(f"{'budget':>8}  {point.label()}  stopped when the budget ran out; the next run starts it again")
+            last_row_at.append(time.monotonic())
             return
+        if budget and budget.forced == point.key:
+            bar.write(f"{'budget':>8}  {point.label()}  ran although the budget was spent or too small for it: "
+                      "every run makes at least one point, so rerunning always progresses")
         if "macs_analytic" not in row:  # the point never reported: fill in what the configuration tells
             row = {**describe_without_running(point), **row}
+        now = time.monotonic()
+        if planner and last_row_at and row.get("point_seconds") not in (None, ""):
+            planner.observe_gap(now - last_row_at[-1] - float(row["point_seconds"]))
         if planner:
             row = {**row, **planner.predict(point).columns()}
             planner.observe(point, row)
@@ -234,7 +338,8 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
         append_row(runs_path, row)
         wall.add(row)
         bar.write(summary_line(point, row))
-        bar.update(1)
+        bar.finished(point)
+        last_row_at.append(time.monotonic())
 
     try:
         launcher.run(budget.points(todo) if budget else todo, record, wall.prepare, bar)
@@ -259,21 +364,43 @@ def _fit_to_machine(todo: list[Point]) -> tuple[list[Point], float, str]:
     rate = matmul_rate(threads)
     macs = {p.key: describe_without_running(p).get("macs_analytic") for p in todo}
     note = (f"; {cpus} cpus, {busy:.1f} busy with other work (load average {load_start:g}): "
-            f"{threads} thread{'s' * (threads > 1)} per CPU point")
+            f"{thread_note(todo, threads)}")
     return fit_to_machine(todo, threads, rate, macs), load_start, note
 
 
+def thread_note(points: list[Point], threads: int) -> str:
+    """What each CPU point runs on: `threads` where it leaves num_threads at 0, its own count where it sets one
+    (the default's training run sets 1, its cost run takes the free cores)."""
+    cpu = [p for p in points if p.device == "cpu"]
+    if not cpu:
+        return "no CPU points"
+    parts = []
+    auto = sum(1 for p in cpu if not p.num_threads)
+    if auto:
+        parts.append(f"{threads} thread{'s' * (threads > 1)} for the {auto} CPU points that leave num_threads at 0")
+    for count in sorted({p.num_threads for p in cpu if p.num_threads}):
+        points_set = sum(1 for p in cpu if p.num_threads == count)
+        parts.append(f"{count} thread{'s' * (count > 1)} for the {points_set} that set num_threads = {count}")
+    return ", ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()  # a budget counts from here: checking and planning are part of what it bounds
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        config = config_from_args(args)
+        config, applied = config_from_args(args)
         from mixers import list_mixers
 
-        points = config.points(list_mixers())
+        run_points = config.run_points(list_mixers())
+        points = union_points(run_points)
         if args.save_weights:
             points = with_weights_paths(points, config.out_dir)
         check_environment(config, dry_run=args.dry_run)
+        if not args.slurm:
+            check_threads(points)
+        for path in args.calibrate_from:
+            check_calibration_file(path)
         if not args.dry_run:
             check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
             check_clean_tree(config.out_dir, args.allow_dirty)
@@ -284,10 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
-        return _dry_run(config, points, args)
+        return _dry_run(config, run_points, args, applied)
     try:
         with SweepLock(config.out_dir):  # one sweep per results folder; the second says who holds it
-            return _run_and_report(config, points, args)
+            return _run_and_report(config, points, args, started)
     except OutDirError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
@@ -302,17 +429,59 @@ def with_weights_paths(points: list[Point], out_dir: Path) -> list[Point]:
             if p.epochs else p for p in points]
 
 
+def check_threads(points: list[Point]) -> None:
+    """More threads than this process may run on measures oversubscription, not the point: refused, not clamped,
+    so no row records a thread count other than the one asked for."""
+    cpus = usable_cpus()
+    asked = max((p.num_threads for p in points), default=0)
+    if asked > cpus:
+        raise ConfigError(f"num_threads {asked} is more than the {cpus} CPUs this process may use; give at most "
+                          f"{cpus} (or 0: the cores free when the sweep starts)")
+
+
+def check_calibration_file(path: Path) -> None:
+    """A --calibrate-from file must be a runs.csv with rows: one that is not would silently calibrate nothing."""
+    advice = "give the runs.csv of a sweep on the target device"
+    if not path.exists():
+        raise ConfigError(f"--calibrate-from {path}: no such file; {advice}")
+    if not path.is_file():
+        raise ConfigError(f"--calibrate-from {path} is not a file; {advice}")
+    try:
+        rows = read_rows(path)
+    except RunsFileError as error:
+        reason = str(error).rsplit("; ", 1)[0]  # drop the advice meant for a sweep's own runs.csv
+        raise ConfigError(f"--calibrate-from: {reason}; {advice}") from None
+    except OSError as error:
+        raise ConfigError(f"--calibrate-from {path}: cannot read it ({error.strerror or error}); {advice}") from None
+    if not rows:
+        raise ConfigError(f"--calibrate-from {path} holds no rows; {advice}")
+
+
 def _build_planner(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> Planner:
-    # A budgeted sweep spends at most a fifth of its budget calibrating; its own rows refine the fit after.
-    return Planner.build(points, config.out_dir / "runs.csv", extra_runs=args.calibrate_from,
-                         calibration_s=args.budget_minutes * 12 if args.budget_minutes else math.inf)
+    # A budgeted sweep spends at most a fifth of its budget calibrating; its own rows refine the fit after. A dry
+    # run only plans: its calibration is bounded too, and the plan names what it could not predict.
+    seconds = args.budget_minutes * 12 if args.budget_minutes else math.inf
+    if args.dry_run:
+        seconds = min(seconds, DRY_RUN_CALIBRATION_S)
+    return Planner.build(points, config.out_dir / "runs.csv", extra_runs=args.calibrate_from, calibration_s=seconds)
 
 
-def _dry_run(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> int:
-    """Prints the plan: every point with its predicted cost, in the order a budgeted sweep would run them."""
-    started = time.perf_counter()
+def _dry_run(config: SweepConfig, run_points: list[list[Point]], args: argparse.Namespace,
+             applied: FlagsApplied) -> int:
+    """Prints what each run is and the plan: every point with its predicted cost, in the order a budgeted sweep
+    would run them (with --no-plan, the points alone, nothing measured)."""
     from mixers import list_mixers
 
+    started = time.perf_counter()
+    points = union_points(run_points)
+    shared = sum(len(run) for run in run_points) - len(points)
+    print("\n".join([applied.header, *describe_runs(config, list_mixers(), run_points, applied.taken)]))
+    print(f"{len(points)} points in all" + (f" ({shared} shared by two runs, run once)" if shared else "")
+          + f", into {config.out_dir}/")
+    if args.no_plan:
+        print("\n".join(f"{index + 1:>4} {point.label()}" for index, point in enumerate(points)))
+        print(f"(--no-plan: nothing measured, no cost predicted; {load_note()})")
+        return 0
     stage = seed_points(config, list_mixers(), latest_by_key(read_rows(config.out_dir / "runs.csv")))
     points = points + stage.ready + stage.waiting  # the seed stage after the grid, as a sweep runs it
     planner = _build_planner(config, points, args)
@@ -322,16 +491,15 @@ def _dry_run(config: SweepConfig, points: list[Point], args: argparse.Namespace)
     return 0
 
 
-def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> int:
-    """The sweep, then its report, while this process holds the results folder."""
-    started = time.perf_counter()
+def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Namespace, started: float) -> int:
+    """The sweep, then its report, while this process holds the results folder (`started`: the command's start
+    on the monotonic clock, where a budget starts counting)."""
     planner = _build_planner(config, points, args) if not args.no_plan or args.budget_minutes else None
     try:
-        sweep_started = time.monotonic() - (time.perf_counter() - started)
         runs_path = run_sweep(config, points, retry_failed=args.retry_failed, progress=not args.quiet,
                               slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes,
-                              started=sweep_started)
-        runs_path = _run_seed_stage(config, args, planner, sweep_started) or runs_path
+                              started=started)
+        runs_path = _run_seed_stage(config, args, planner, started) or runs_path
     except KeyboardInterrupt:
         print(f"\ninterrupted; rows written so far are kept in {config.out_dir / 'runs.csv'}; "
               "rerun the same command to resume", file=sys.stderr)
@@ -339,7 +507,7 @@ def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Nam
     except RunsFileError as error:
         print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
         return 1
-    print(f"runs: {runs_path} ({time.perf_counter() - started:.0f} s)")
+    print(f"runs: {runs_path} ({time.monotonic() - started:.0f} s)")
     if not args.no_report:
         from ..report.build import ReportError, build_report
 
@@ -361,7 +529,8 @@ def _run_seed_stage(config: SweepConfig, args: argparse.Namespace, planner: Plan
     print("\n".join(stage_lines(config, [], stage)))
     if not stage.ready:
         return None
-    return run_sweep(config, stage.ready, retry_failed=args.retry_failed, progress=not args.quiet,
+    ready = with_weights_paths(stage.ready, config.out_dir) if args.save_weights else stage.ready
+    return run_sweep(config, ready, retry_failed=args.retry_failed, progress=not args.quiet,
                      slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes, started=started)
 
 

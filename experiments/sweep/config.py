@@ -2,7 +2,23 @@
 
 A config file holds the fields of `SweepConfig`; its optional `[[runs]]` tables each override some of them, and
 the sweep is the union of every run's grid (the embedded default measures cost on a grid of sizes and trains at
-one size). Command-line flags override the file, in every run.
+one size). A config file without a `name` is named after its file (`mine.toml` runs into results/local/mine/).
+
+What command-line flags do (`apply_flags`, printed per run by `--dry-run`):
+
+- Flags that name the grid (`--mixers`, `--presets`, `--img-sizes`, `--patch-sizes`, `--batch-sizes`) without
+  `--config` build a sweep of their own: ONE run of that grid on the default config's top-level fields (sizes,
+  patches, timing), none of its `[[runs]]`. It measures cost only, unless `--epochs N` (N > 0, with
+  `--dataset`) asks it to train. Its folder is results/local/custom/ unless `--out` says otherwise.
+- With `--config X` (or with no grid flag, on the default config), flags change the config's runs:
+  - grid flags and how-to-measure flags (`--device`, `--dtype`, `--timeout-s`, `--memory-limit-mb`,
+    `--num-threads`, `--compile`) apply to every run, replacing what a run sets itself;
+  - training flags (`--epochs`, `--dataset`, `--data-dir`, `--data-path`, `--seeds`) apply to the runs that
+    train (epochs > 0 in the file), so `--epochs 2` shortens the training and leaves the cost runs cost runs;
+    in a config where nothing trains they apply to every run (a cost config asked to train);
+  - `--out` and `--launcher` are the sweep's, not a run's.
+- Seeds multiply training points only: a cost point (epochs 0) measures time and memory, which do not depend
+  on the values of the initial weights, so it runs once, with the first seed.
 """
 from __future__ import annotations
 
@@ -41,7 +57,8 @@ class ConfigError(ValueError):
 class SweepConfig:
     """One sweep: the grid of points and how to measure them.
 
-    Every list field is crossed with the others: mixers x presets x img_sizes x patch_sizes x batch_sizes x seeds.
+    Every list field is crossed with the others: mixers x presets x img_sizes x patch_sizes x batch_sizes, and
+    x seeds for training points (a cost point runs with the first seed only).
     """
 
     name: str = "custom"
@@ -106,11 +123,17 @@ class SweepConfig:
 
     def points(self, available_mixers: list[str]) -> list[Point]:
         """Every point of every run, ascending in token count within each mixer; validated."""
-        points: dict[tuple[str, ...], Point] = {}
-        for config in self.run_configs():
-            for point in config._grid(available_mixers):
-                points.setdefault(point.key, point)
-        return sorted(points.values(), key=lambda p: (*p.group, p.tokens, p.img_size))
+        return union_points(self.run_points(available_mixers))
+
+    def run_points(self, available_mixers: list[str]) -> list[list[Point]]:
+        """The points of each run, in the order of `run_configs` (two runs may share a point); validated."""
+        return [config._grid(available_mixers) for config in self.run_configs()]
+
+    def run_names(self) -> list[str]:
+        """A name per run: its table's `name`, else `runs[i]`; the config's own name when it has no runs."""
+        if not self.runs:
+            return [self.name]
+        return [str(run.get("name") or f"runs[{index}]") for index, run in enumerate(self.runs)]
 
     def _grid(self, available_mixers: list[str]) -> list[Point]:
         check_override_mixers(self, available_mixers)
@@ -159,8 +182,8 @@ class SweepConfig:
     def _trainings(self) -> list[tuple[int, str, str]]:
         """(seed, recipe JSON, lr_stage) of the points of one setting: its seeds, or its learning-rate grid (the
         seeds at the chosen rate come later: experiments/sweep/lr_stages.py)."""
-        if not self.epochs:
-            return [(seed, "{}", "") for seed in self.seeds]
+        if not self.epochs:  # time and memory do not depend on the initial weights' values: one seed
+            return [(self.seeds[0], "{}", "")]
         if not self.lr_grid:
             return [(seed, canonical_json(self.train), "") for seed in self.seeds]
         return [(seed, canonical_json({**self.train, "lr": lr}), "grid")
@@ -217,6 +240,16 @@ def _check_lr_grid(config: SweepConfig) -> None:
             TrainRecipe(epochs=config.epochs, **{**config.train, "lr": lr})
         except (TypeError, ValueError) as error:
             raise ConfigError(f"lr_grid: {error}") from None
+
+
+def union_points(run_points: list[list[Point]]) -> list[Point]:
+    """The points of every run once (the first run's where two share a key), ascending in token count within
+    each mixer."""
+    points: dict[tuple[str, ...], Point] = {}
+    for points_of_run in run_points:
+        for point in points_of_run:
+            points.setdefault(point.key, point)
+    return sorted(points.values(), key=lambda p: (*p.group, p.tokens, p.img_size))
 
 
 def _digest(key: tuple[str, ...]) -> str:
@@ -444,6 +477,91 @@ def config_from_dict(values: dict, source: str) -> SweepConfig:
         raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
 
 
+# Flags that name the grid: without --config they build a sweep of their own (module docstring).
+GRID_FIELDS = ("mixers", "presets", "img_sizes", "patch_sizes", "batch_sizes")
+# Flags about training: on a config, they go to the runs that train.
+TRAINING_FIELDS = ("epochs", "dataset", "data_dir", "data_path", "seeds")
+# Flags about the whole sweep, not about any one run.
+SWEEP_FIELDS = ("out", "launcher")
+# The name (and results/local/ folder) of a sweep built from flags alone.
+FLAG_SWEEP_NAME = "custom"
+
+
+def flag_to_option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def flag_built_values(default_values: dict, flags: dict) -> dict:
+    """A sweep of the grid the flags name: the default config's top-level fields (not its runs) with `flags`.
+
+    Raises:
+        ConfigError: `--dataset` (or its data flags) without `--epochs N > 0`: a flag-built sweep trains only when
+            told how long.
+    """
+    values = {k: v for k, v in default_values.items() if k not in ("runs", "name", "description")}
+    values = {**values, **flags, "name": FLAG_SWEEP_NAME, "description": "built from command-line flags"}
+    epochs = values.get("epochs", 0)
+    asked = [flag_to_option(k) for k in ("dataset", "data_dir", "data_path") if k in flags]
+    if asked and not (isinstance(epochs, int) and epochs > 0):
+        raise ConfigError(f"{', '.join(asked)} asks for training, but a sweep built from flags measures cost only "
+                          "unless --epochs N (N > 0) says how long to train; add --epochs")
+    return values
+
+
+def _trains(table: dict, top: dict) -> bool:
+    epochs = table.get("epochs", top.get("epochs", 0))
+    return isinstance(epochs, int) and not isinstance(epochs, bool) and epochs > 0
+
+
+def apply_flags(values: dict, flags: dict) -> tuple[dict, list[list[str]]]:
+    """`values` (a config's raw fields) with command-line `flags` applied by the rule of the module docstring.
+
+    Returns:
+        The raw fields, and per run (one entry when the config has no `[[runs]]`) the flags it took.
+    """
+    runs = values.get("runs")
+    if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
+        # One run (or a malformed list, which config_from_dict refuses): the flags are its fields.
+        return {**values, **flags}, [[k for k in flags if k not in SWEEP_FIELDS]]
+    sweep = {k: v for k, v in flags.items() if k in SWEEP_FIELDS}
+    every = {k: v for k, v in flags.items() if k not in SWEEP_FIELDS and k not in TRAINING_FIELDS}
+    training = {k: v for k, v in flags.items() if k in TRAINING_FIELDS}
+    training_runs = [i for i, run in enumerate(runs) if _trains(run, values)]
+    targets = training_runs or list(range(len(runs)))  # nothing trains: a cost config asked to train
+    new_runs, taken = [], []
+    for index, run in enumerate(runs):
+        run_flags = {**every, **(training if index in targets else {})}
+        new_runs.append({**run, **run_flags})
+        taken.append(list(run_flags))
+    return {**values, **sweep, "runs": new_runs}, taken
+
+
+def describe_runs(config: SweepConfig, available_mixers: list[str], run_points: list[list[Point]],
+                  taken: list[list[str]]) -> list[str]:
+    """One line per run for `--dry-run`: what it does, how many points, and which flags it took.
+
+    Args:
+        config: the sweep.
+        available_mixers: the registry's mixers (a run without `mixers` runs them all).
+        run_points: `config.run_points(available_mixers)`, computed once (each run builds its models to check them).
+        taken: per run, the flags it took (`apply_flags`).
+    """
+    lines = []
+    for name, run, points, flags in zip(config.run_names(), config.run_configs(), run_points, taken):
+        what = f"trains on {run.dataset} for {run.epochs} epochs" if run.epochs else "cost only"
+        seeds = len(run.seeds) if run.epochs else 1  # a cost point runs once, with the first seed
+        factors = [_count(len(run.mixers or available_mixers), "mixer"), _count(len(run.presets), "preset"),
+                   _count(len(run.img_sizes), "image size"), _count(len(run.patch_sizes), "patch size"),
+                   _count(len(run.batch_sizes), "batch size"), _count(seeds, "seed")]
+        options = ", ".join(flag_to_option(k) for k in flags) or "none"
+        lines.append(f"run {name}: {what}, {len(points)} points ({' x '.join(factors)}); flags taken: {options}")
+    return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
 def named_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 
@@ -458,10 +576,18 @@ def load_config(name_or_path: str) -> tuple[dict, str]:
     if not path.is_file():
         raise ConfigError(f"--config {path} is not a file; give a .toml file or a named config")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8")), path.name
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML ({error})") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}); TOML files are UTF-8, save it so") from None
     except OSError as error:
         raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
+    # Unnamed configs would all share results/local/custom/ and resume from each other's rows: name it after its file.
+    values.setdefault("name", name_from_stem(path.stem))
+    return values, path.name
+
+
+def name_from_stem(stem: str) -> str:
+    """A config name from a file name: letters, digits and underscores ("my sweep.v2" -> "my_sweep_v2")."""
+    return re.sub(r"\W+", "_", stem, flags=re.ASCII).strip("_") or FLAG_SWEEP_NAME

@@ -60,10 +60,20 @@ def _child(target: Callable[[Point], Row], point: Point, conn, sweep_pid: int) -
     try:
         if point.memory_limit_mb:
             _limit_address_space(point.memory_limit_mb)
-        conn.send(target(point))
+        row = target(point)
     except BaseException as error:  # noqa: BLE001 - report, never die silently
-        conn.send({"status": _failure_status(error, point),
-                   "error": f"worker: {type(error).__name__}: {error}"[:500], "traceback": traceback.format_exc()})
+        row = {"status": _failure_status(error, point),
+               "error": f"worker: {type(error).__name__}: {error}"[:500], "traceback": traceback.format_exc()}
+    _send_or_exit(conn, row)
+
+
+def _send_or_exit(conn, row: Row) -> None:
+    """Sends the row; when the sweep is gone (killed: the pipe's other end is closed) nobody reads it, so the
+    point exits quietly instead of printing a BrokenPipeError traceback into the user's terminal."""
+    try:
+        conn.send(row)
+    except (BrokenPipeError, ConnectionResetError):
+        os._exit(1)
     finally:
         conn.close()
 

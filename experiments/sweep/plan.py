@@ -4,10 +4,13 @@ early, and a time budget that stops cleanly and resumes.
 Calibration (`Planner.build`), best source first:
 1. rows already measured on this device: the sweep's own runs.csv (a resumed sweep), and while a sweep runs,
    every row it appends (the fit is refreshed after each point);
-2. where the device is here: a short calibration run of a few small points of each mixer, measured for real;
+2. where the device is here: a short calibration run of a few small points of each mixer, measured for real,
+   each in its own process with a time limit, and none started after the run's bound (a dry run's, a budget's);
 3. where it is not (a CUDA plan drawn on a CPU machine): runs.csv files of that device kind under results/
    (or given with --calibrate-from), and the output names the GPU and row count it assumes;
 4. nothing: the plan says it is uncalibrated and gives MACs and an analytic memory estimate only.
+
+A point the planner cannot predict is named in the plan with the reason (`Planner.unknown_reason`).
 """
 from __future__ import annotations
 
@@ -31,8 +34,10 @@ BUDGET_SLACK = 1.0
 # Quick protocol of the calibration run: a few calls per size are enough to fit rates.
 CALIBRATION_TIMING = TimingProtocol(warmup=1, min_repeats=3, min_time_s=0.0, max_repeats=3)
 # Point wall time between two rows that the point's own point_seconds does not see (process start, writing the row)
-# when no row tells it: measured by the calibration run; this floor only covers a machine where that failed.
+# until this run has seen some: measured by the calibration run; this floor only covers a run that did not calibrate.
 DEFAULT_GAP_S = 0.1
+# A calibration point that takes longer than this is stopped (its size is not used): it is meant to be small.
+CALIBRATION_POINT_LIMIT_S = 60.0
 
 PREDICTION_COLUMNS = {
     "latency_ms": "predicted_latency_ms", "train_step_ms": "predicted_train_step_ms",
@@ -87,6 +92,7 @@ class Planner:
         self.memory_mb = memory_mb
         self.memory_source = memory_source
         self.gap_s = gap_s
+        self._gaps: list[float] = []
         self.model = CostModel.fitted(samples, sources)
         self._train_ratio: dict[str, float] = {}
         self._fit_training()
@@ -107,16 +113,18 @@ class Planner:
             if rows:
                 samples += [_with_overhead(r, protocol) for r in rows]
                 sources.append(f"{len(rows)} rows of {path} ({_describe_devices(rows)})")
-                gap_s = gap_s if gap_s is not None else _gap_from_timestamps(rows)
+            elif path in extra_runs:
+                sources.append(f"{path}: no ok rows of {', '.join(sorted(devices))}, not used")
         missing_here = [p for p in points if p.device in here]
         if calibrate and missing_here:
             calibration = calibration_points(missing_here, samples)
             if calibration:
                 started = time.perf_counter()
-                rows, measured_gap = run_calibration(calibration, calibration_s)
+                rows, gap_s, stopped = run_calibration(calibration, calibration_s)
                 samples += [(point_from_row(r), r) for r in rows]
-                sources.append(f"calibration run here: {len(rows)} small points in {time.perf_counter() - started:.1f} s")
-                gap_s = gap_s if gap_s is not None else measured_gap
+                note = (f" (stopped at its {calibration_s:g} s bound: a larger size took longer)" if stopped else "")
+                sources.append(f"calibration run here: {len(rows)} of {len(calibration)} small points measured in "
+                               f"{time.perf_counter() - started:.1f} s{note}")
         absent = devices - here
         if absent and not any(p.device in absent for p, _ in samples):
             for path in sorted(Path("results").glob("*/runs.csv")):
@@ -134,6 +142,13 @@ class Planner:
         self.samples.append(_with_overhead({k: str(v) for k, v in row.items()}, point.timing, point))
         self.model = CostModel.fitted(self.samples, self.sources)
         self._fit_training()
+
+    def observe_gap(self, seconds: float) -> None:
+        """Adds a gap between two rows of the running sweep (wall time the point's own seconds do not see); after
+        three, their median replaces the calibration's estimate."""
+        self._gaps.append(max(seconds, 0.0))
+        if len(self._gaps) >= 3:
+            self.gap_s = sorted(self._gaps)[len(self._gaps) // 2]
 
     def _fit_training(self) -> None:
         """Training time per mixer as a multiple of (steps x predicted train step at the training batch): the
@@ -170,6 +185,21 @@ class Planner:
         fits = None if self.memory_mb is None or largest is None else largest <= self.memory_mb
         return Prediction(point, work(point).macs / point.planned_batch / 1e9, latency, train_step, peak, train_peak,
                           train_s, point_s, fits)
+
+    def unknown_reason(self, point: Point) -> str | None:
+        """Why `point` has no predicted time (None when it has one), with what would give it one."""
+        if self.predict(point).point_s is not None:
+            return None
+        targets = ["latency_ms", "overhead_s"] + (["train_step_ms"] if point.measure_train_step else [])
+        if any(self.model.fit_for(point, t) is None for t in targets):
+            group = CostModel.group(point).rstrip("|")
+            if _device_here(point.device):
+                return (f"no measured row of {group}: the calibration did not reach it within its bound; a sweep "
+                        "(not a dry run) calibrates it, or give --calibrate-from a runs.csv of this device")
+            return f"no row of {group} (no {point.device} here): give --calibrate-from a runs.csv of that device"
+        if point.epochs > 0 and _train_steps(point) is None:
+            return "training time: the recipe sets no train_samples, so the steps per epoch are unknown"
+        return "training time: no training step of this mixer at the training batch could be predicted"
 
     def _point_s_without_training(self, point: Point) -> float | None:
         latency = self.model.predict(point, "latency_ms")
@@ -219,65 +249,77 @@ def calibration_points(points: list[Point], have: list[tuple[Point, dict]]) -> l
 
 @dataclass(frozen=True)
 class CalibrationJob:
-    """What the isolated calibration child gets (isolation reads `memory_limit_mb` from what it runs)."""
+    """What an isolated calibration child gets (isolation reads `memory_limit_mb` from what it runs)."""
 
-    points: tuple[Point, ...] = ()
+    point: Point | None = None
+    whole: bool = False  # run the point as a sweep would (build, counting), for the per-point overhead
     memory_limit_mb: int = 0
-    seconds: float = math.inf  # start no point after this long
 
 
 def calibrate_worker(job: CalibrationJob) -> dict:
-    """Runs in an isolated child: measures each calibration point (latency, train step, memory) with a quick
+    """Runs in an isolated child: measures one calibration point (latency, train step, memory) with a quick
     protocol; the first point of each mixer setting runs whole, as a sweep would, for the per-point overhead
     (build, counting), the others only time and read memory."""
     import torch
 
     from ..measure.run import DTYPES, build_model, measure_inference, measure_point, measure_train_step
 
-    rows, seen = [], set()
-    started = time.perf_counter()
-    for point in job.points:
-        if time.perf_counter() - started > job.seconds:
-            break
-        group = (CostModel.group(point), point.preset, point.overrides)
-        try:
-            if group not in seen:
-                row = measure_point(point)
-                if row.get("status") != "ok":
-                    continue
-                timed = protocol_seconds(row["latency_ms"], point.timing)
-                if point.measure_train_step:
-                    timed += protocol_seconds(row["train_step_ms"], point.timing)
-                row["overhead_s"] = max(float(row["point_seconds"]) - timed, 0.0)
-                seen.add(group)
-            else:
-                device, dtype = torch.device(point.device), DTYPES[point.dtype]
-                model = build_model(point)
-                row = measure_inference(model, point, dtype, device)
-                if point.measure_train_step:
-                    row.update(measure_train_step(model, point, dtype, device))
-        except Exception:  # noqa: BLE001 - a size that fails here is simply not used to calibrate
-            continue
-        rows.append({"calibration": "1", **{k: getattr(point, k) for k in ("mixer", "preset", "img_size", "patch_size", "batch_size",
-                                                        "device", "dtype", "overrides")}, **row})
-    return {"status": "ok", "rows": rows}
+    point = job.point
+    try:
+        if job.whole:
+            row = measure_point(point)
+            if row.get("status") != "ok":
+                return {"status": "ok", "rows": []}
+            timed = protocol_seconds(row["latency_ms"], point.timing)
+            if point.measure_train_step:
+                timed += protocol_seconds(row["train_step_ms"], point.timing)
+            row["overhead_s"] = max(float(row["point_seconds"]) - timed, 0.0)
+        else:
+            device, dtype = torch.device(point.device), DTYPES[point.dtype]
+            model = build_model(point)
+            row = measure_inference(model, point, dtype, device)
+            if point.measure_train_step:
+                row.update(measure_train_step(model, point, dtype, device))
+    except Exception:  # noqa: BLE001 - a size that fails here is simply not used to calibrate
+        return {"status": "ok", "rows": []}
+    keys = ("mixer", "preset", "img_size", "patch_size", "batch_size", "device", "dtype", "overrides")
+    return {"status": "ok", "rows": [{"calibration": "1", **{k: getattr(point, k) for k in keys}, **row}]}
 
 
 def _noop(_: CalibrationJob) -> dict:
     return {"status": "ok"}
 
 
-def run_calibration(points: list[Point], seconds: float = math.inf) -> tuple[list[dict], float]:
-    """The calibration rows, measured in an isolated child that starts no point after `seconds`, and the cost of
-    starting one point's process."""
+def run_calibration(points: list[Point], seconds: float = math.inf) -> tuple[list[dict], float, bool]:
+    """Measures `points`, each in its own isolated child, starting none after `seconds` and stopping the one
+    running then: a slow size costs its own row only, never the rows measured before it.
+
+    Returns:
+        The calibration rows, the seconds one point's process takes to start (measured on a warm fork server, as
+        every point but a sweep's first starts), and whether the bound stopped the run before its last point.
+    """
     from .isolation import run_isolated
 
+    run_isolated(_noop, CalibrationJob(), 60)  # starts the fork server (torch is imported there, once)
     started = time.perf_counter()
     run_isolated(_noop, CalibrationJob(), 60)
     gap_s = time.perf_counter() - started
-    limit = min(max(60.0, 30.0 * len(points)), 3 * seconds + 30.0)
-    result = run_isolated(calibrate_worker, CalibrationJob(tuple(points), seconds=seconds), limit)
-    return [{k: str(v) for k, v in r.items()} for r in result.get("rows", [])], gap_s
+    rows, whole_done = [], set()
+    started = time.perf_counter()
+    for point in points:
+        left = seconds - (time.perf_counter() - started)
+        if left <= 0:
+            return rows, gap_s, True
+        group = (CostModel.group(point), point.preset, point.overrides)
+        result = run_isolated(calibrate_worker, CalibrationJob(point, whole=group not in whole_done),
+                              min(left, CALIBRATION_POINT_LIMIT_S))
+        measured = [{k: str(v) for k, v in r.items()} for r in result.get("rows", [])]
+        if measured:
+            whole_done.add(group)
+        rows += measured
+        if result.get("status") == "timeout" and left < CALIBRATION_POINT_LIMIT_S:  # the bound stopped it
+            return rows, gap_s, True
+    return rows, gap_s, False
 
 
 # where the rows come from ----------------------------------------------------------------------------------------
@@ -312,22 +354,6 @@ def _ok_rows(path: Path, devices: set[str]) -> list[dict]:
 def _describe_devices(rows: list[dict]) -> str:
     names = sorted({r.get("device_name") or r.get("device") for r in rows})
     return "; ".join(names)
-
-
-def _gap_from_timestamps(rows: list[dict]) -> float | None:
-    """Median (time between consecutive rows - the later row's point_seconds): process start and bookkeeping."""
-    import datetime as dt
-
-    gaps = []
-    for before, after in zip(rows, rows[1:]):
-        try:
-            t0 = dt.datetime.fromisoformat(before["timestamp"])
-            t1 = dt.datetime.fromisoformat(after["timestamp"])
-            gaps.append((t1 - t0).total_seconds() - float(after["point_seconds"]))
-        except (KeyError, ValueError):
-            continue
-    gaps = [g for g in gaps if -1.0 < g < 30.0]  # seconds resolution; a pause between sessions is no gap
-    return max(sorted(gaps)[len(gaps) // 2], 0.0) if len(gaps) >= 5 else None
 
 
 def device_memory_mb(points: list[Point], samples: list[tuple[Point, dict]]) -> tuple[float | None, str]:
@@ -404,13 +430,19 @@ def budget_order(points: list[Point], predictions: dict[tuple, Prediction]) -> l
 
 
 class Budget:
-    """Hands out points while their predicted time fits in what is left, each bounded by what is left."""
+    """Hands out points while their predicted time fits in what is left, each bounded by what is left.
+
+    The first point of a run is always handed out, with its own time limit: a budget smaller than any point (or
+    spent on calibration) would otherwise run nothing, and every rerun of the command would stop where the last
+    one did. `forced` names that point when the budget alone would have held it back.
+    """
 
     def __init__(self, minutes: float, planner: Planner, started: float) -> None:
         self.deadline = started + minutes * 60.0
         self.planner = planner
         self.held_back: list[Point] = []
         self.original_timeout: dict[tuple, float] = {}
+        self.forced: tuple | None = None
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -418,11 +450,14 @@ class Budget:
     def points(self, points: list[Point]) -> Iterator[Point]:
         for point in points:
             left = self.left()
-            if left <= 0:
-                self.held_back.append(point)
-                continue
             predicted = self.planner.predict(point).point_s
-            if predicted is not None and predicted * BUDGET_SLACK > left:
+            overruns = left <= 0 or (predicted is not None and predicted * BUDGET_SLACK > left)
+            if not self.original_timeout:  # the run's first point: it runs whatever the budget says
+                self.forced = point.key if overruns else None
+                self.original_timeout[point.key] = point.timeout_s
+                yield point
+                continue
+            if overruns:
                 self.held_back.append(point)
                 continue
             self.original_timeout[point.key] = point.timeout_s
@@ -443,7 +478,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None = None,
                budget_minutes: float | None = None) -> list[str]:
-    """The dry-run's table: one line per point in run order, then the totals."""
+    """The dry-run's table: one line per point in run order, then the totals and what could not be predicted."""
     lines = ["calibration: " + ("; ".join(planner.sources) if planner.sources else
                                 "none: this plan is UNCALIBRATED (no rows of this device and no way to measure "
                                 "it here); it gives MACs and an analytic memory estimate only")]
@@ -452,27 +487,35 @@ def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None 
         lines.append(f"  fitted per mixer|device|dtype|compile: {', '.join(groups)}")
     lines.append(f"device memory: {_fmt(planner.memory_mb and planner.memory_mb / 1024, '.1f')} GiB "
                  f"({planner.memory_source})")
-    lines.append(f"{'#':>4} {'point':<58} {'GMACs':>8} {'infer ms':>9} {'train ms':>9} {'peak MiB':>9} "
-                 f"{'train MiB':>9} {'fits':>4} {'point s':>8}")
-    total, unknown = 0.0, 0
+    # The label comes last, whole: a training point's seed and data set sit at its end.
+    lines.append(f"{'#':>4} {'GMACs':>8} {'infer ms':>9} {'train ms':>9} {'peak MiB':>9} {'train MiB':>9} "
+                 f"{'fits':>4} {'point s':>8}  point")
+    total = 0.0
+    reasons: dict[str, int] = {}
     budget_s = budget_minutes * 60 if budget_minutes else None
     cut = None
     for index, point in enumerate(order or points):
         pr = planner.predict(point)
         fits = {True: "yes", False: "NO", None: "?"}[pr.fits]
         if pr.point_s is None:
-            unknown += 1
+            reason = planner.unknown_reason(point) or "unknown"
+            reasons[reason] = reasons.get(reason, 0) + 1
         else:
             total += pr.point_s
         if budget_s is not None and cut is None and total > budget_s:
             cut = index
             lines.append(f"     --- budget of {budget_minutes:g} min ends about here ---")
-        lines.append(f"{index + 1:>4} {point.label():<58.58} {pr.gmacs:>8.3g} {_fmt(pr.latency_ms, '9.3g')} "
-                     f"{_fmt(pr.train_step_ms, '9.3g')} {_fmt(pr.peak_mem_mb, '9.4g')} "
-                     f"{_fmt(pr.train_peak_mem_mb, '9.4g')} {fits:>4} {_fmt(pr.point_s, '8.1f')}")
-    known = f"{total / 60:.1f} min" + (f" (+ {unknown} points without a prediction)" if unknown else "")
-    lines.append(f"predicted wall time of the {len(points)} points: {known if unknown < len(points) else 'unknown'}"
-                 " (per-point overheads included; the report at the end is not)")
+        lines.append(f"{index + 1:>4} {pr.gmacs:>8.3g} {_fmt(pr.latency_ms, '9.3g')} {_fmt(pr.train_step_ms, '9.3g')} "
+                     f"{_fmt(pr.peak_mem_mb, '9.4g')} {_fmt(pr.train_peak_mem_mb, '9.4g')} {fits:>4} "
+                     f"{_fmt(pr.point_s, '8.1f')}  {point.label()}")
+    unknown = sum(reasons.values())
+    if unknown == len(points) and points:
+        known = "UNKNOWN: no point could be predicted (reasons below)"
+    else:
+        known = f"{total / 60:.1f} min" + (f" + {unknown} points NOT PREDICTED (reasons below)" if unknown else "")
+    lines.append(f"predicted wall time of the {len(points)} points: {known}"
+                 + (" (per-point overheads included; the report at the end is not)" if unknown < len(points) else ""))
+    lines += [f"  not predicted, {count} point{'s' * (count > 1)}: {reason}" for reason, count in reasons.items()]
     return lines
 
 
