@@ -77,8 +77,8 @@ class Point:
         if not self.lr_stage:
             return ""
         if self.lr_stage == "seed?":
-            return f" lr=chosen s{self.seed}"
-        return f" lr={format_rate(json.loads(self.train)['lr'])} s{self.seed}"
+            return " lr=chosen"
+        return f" lr={format_rate(json.loads(self.train)['lr'])}"  # the label ends with the seed already
 
 
 def canonical_json(value: dict) -> str:

@@ -475,15 +475,19 @@ def _dry_run(config: SweepConfig, run_points: list[list[Point]], args: argparse.
     started = time.perf_counter()
     points = union_points(run_points)
     shared = sum(len(run) for run in run_points) - len(points)
+    stage = seed_points(config, list_mixers(), latest_by_key(read_rows(config.out_dir / "runs.csv")))
+    seeds_after_grid = len(stage.ready) + len(stage.waiting)
     print("\n".join([applied.header, *describe_runs(config, list_mixers(), run_points, applied.taken)]))
-    print(f"{len(points)} points in all" + (f" ({shared} shared by two runs, run once)" if shared else "")
+    print(f"{len(points) + seeds_after_grid} points in all"
+          + (f" ({shared} shared by two runs, run once)" if shared else "")
+          + (f" ({seeds_after_grid} of them seeds run after the learning-rate grid)" if seeds_after_grid else "")
           + f", into {config.out_dir}/")
+    points = points + stage.ready + stage.waiting  # the seed stage after the grid, as a sweep runs it
     if args.no_plan:
         print("\n".join(f"{index + 1:>4} {point.label()}" for index, point in enumerate(points)))
+        print("\n".join(stage_lines(config, points, stage)))
         print(f"(--no-plan: nothing measured, no cost predicted; {load_note()})")
         return 0
-    stage = seed_points(config, list_mixers(), latest_by_key(read_rows(config.out_dir / "runs.csv")))
-    points = points + stage.ready + stage.waiting  # the seed stage after the grid, as a sweep runs it
     planner = _build_planner(config, points, args)
     order = budget_order(points, {p.key: planner.predict(p) for p in points}) if args.budget_minutes else points
     print("\n".join(plan_lines(planner, points, order, args.budget_minutes) + stage_lines(config, points, stage)))

@@ -552,7 +552,13 @@ def describe_runs(config: SweepConfig, available_mixers: list[str], run_points: 
         seeds = len(run.seeds) if run.epochs else 1  # a cost point runs once, with the first seed
         factors = [_count(len(run.mixers or available_mixers), "mixer"), _count(len(run.presets), "preset"),
                    _count(len(run.img_sizes), "image size"), _count(len(run.patch_sizes), "patch size"),
-                   _count(len(run.batch_sizes), "batch size"), _count(seeds, "seed")]
+                   _count(len(run.batch_sizes), "batch size")]
+        if run.epochs and run.lr_grid:  # the grid first; the other seeds wait for each setting's chosen rate
+            factors += [_count(len(run.lr_grid), "rate"), _count(len(run.grid_seeds), "seed")]
+            what += (f"; a learning-rate grid first, then seeds {', '.join(map(str, run.seeds))} at each setting's "
+                     "rate chosen on validation (listed below once planned)")
+        else:
+            factors.append(_count(seeds, "seed"))
         options = ", ".join(flag_to_option(k) for k in flags) or "none"
         lines.append(f"run {name}: {what}, {len(points)} points ({' x '.join(factors)}); flags taken: {options}")
     return lines
