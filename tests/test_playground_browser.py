@@ -64,6 +64,8 @@ def message(driver) -> str:
 def test_clicks_change_every_panel_and_swin_stays_in_its_window(driver, app_url: str, tmp_path: Path) -> None:
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
+    from experiments.playground.model_set import DEFAULT_MIXERS
+
     wait_for_page(driver, app_url)
     Select(driver.find_element("id", "image-select")).select_by_visible_text("reach (two marks, same shape?)")
     seen = {}
@@ -77,7 +79,7 @@ def test_clicks_change_every_panel_and_swin_stays_in_its_window(driver, app_url:
         assert all(value == 0 for j, value in enumerate(row) if j not in window)  # exactly zero outside
         assert all(row[j] > 0 for j in window)
     first, second = seen.values()
-    assert set(first) == {"attention", "swin", "linear", "mamba", "conv 3x3"}
+    assert set(first) == {*DEFAULT_MIXERS, "conv 3x3"}
     for mixer in first:
         assert first[mixer] != second[mixer], f"the {mixer} panel did not change between patches {PATCHES}"
     assert message(driver) == ""
