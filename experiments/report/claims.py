@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import tables as report_tables
-from .claims_setting import claims_setting
+from .claims_setting import SETTING_FIELDS, claims_setting
 from .flags import DIRTY, is_dirty
 
 if sys.version_info >= (3, 11):
@@ -45,9 +45,10 @@ def load_claims(name_or_path: str) -> tuple[str, list[dict]]:
     claims = data.get("claims")
     if not isinstance(claims, list) or not claims:
         raise ClaimsError(f"{path}: needs one or more [[claims]] tables")
-    unknown = set(data) - {"source", "claims"}
+    unknown = set(data) - {"source", "claims", *SETTING_FIELDS}
     if unknown or not isinstance(data.get("source", ""), str):
-        raise ClaimsError(f"{path}: a claims file holds source = \"...\" and [[claims]] tables; "
+        raise ClaimsError(f"{path}: a claims file holds source = \"...\", [[claims]] tables and the setting's "
+                          f"{', '.join(SETTING_FIELDS)}; "
                           f"{'unknown field(s) ' + ', '.join(sorted(unknown)) if unknown else 'source is not text'}")
     for index, claim in enumerate(claims):
         if not isinstance(claim, dict):
@@ -63,9 +64,10 @@ def load_claims(name_or_path: str) -> tuple[str, list[dict]]:
 
 
 # Costs where lower is better, so that reference / mixer is the mixer's advantage.
-METRICS = ("latency_ms", "peak_mem_mb", "peak_mem_reserved_mb", "train_step_ms", "train_peak_mem_mb", "gmacs",
-           "gflops", "params")
-_FIELDS = ("text", "metric", "mixer", "references", "img_size", "factor", "saving")
+METRICS = ("latency_ms", "peak_mem_mb", "peak_mem_total_mb", "peak_mem_reserved_mb", "train_step_ms",
+           "train_peak_mem_mb", "gmacs", "gflops", "params")
+# A claim may name its own source (a second paper's claim beside the file's) and what differs from its models.
+_FIELDS = ("text", "metric", "mixer", "references", "img_size", "factor", "saving", "differences", "source")
 
 
 def _claim_problem(claim: dict) -> str:

@@ -17,6 +17,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+# The file-level fields beside `source` and `[[claims]]` (claims.load_claims accepts them).
+SETTING_FIELDS = ("setting", "differences", "verdict_min_batch")
+
+
 @dataclass(frozen=True)
 class ClaimsSetting:
     setting: str = ""
