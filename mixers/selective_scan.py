@@ -436,8 +436,27 @@ def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
     ctx.delta_softplus = delta_softplus
 
 
+def _meta_backward(dy: Tensor, u: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
+                   delta_bias: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The backward on the meta device (counting a training step): shapes only, in one pass.
+
+    It issues the two contractions `_stream_backward` runs (dC_t and dB_t, the only ops FlopCounterMode counts
+    there) over the whole length at once, so the count equals a real device's, without stepping the recurrence
+    through thousands of meta ops (~50 s for one mamba step at 4,096 tokens).
+    """
+    batch, channels, length = u.shape
+    states = u.new_empty(length, batch, channels, A.shape[1])  # (L, B, D, N)
+    dy_t = u.new_empty(length, batch, 1, channels)  # (L, B, 1, D)
+    torch.matmul(dy_t, states)  # dC_t
+    torch.matmul(dy_t, states)  # dB_t (delta u in place of dy)
+    like = (u, u, A, B, C, D, z, delta_bias)
+    return tuple(None if t is None else torch.empty_like(t) for t in like)
+
+
 def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
     u, delta, A, B, C, D, z, delta_bias = ctx.saved_tensors
+    if u.device.type == "meta":
+        return (*_meta_backward(dy, u, A, B, C, D, z, delta_bias), None)
     with torch.no_grad():
         grads = _stream_backward(dy, u, delta, A, B, C, D, z, delta_bias, ctx.delta_softplus)
     return (*grads, None)

@@ -173,3 +173,19 @@ def test_meta_device_counts_like_torch_stream(scan_impl: str) -> None:
         ops = {str(op) for op in counter.get_flop_counts()["Global"]}
         assert ("mixerbench.selective_scan_triton" if impl == "triton" else "mixerbench.selective_scan") in ops
     assert flops[scan_impl] == flops["torch_stream"] == 2 * build().macs(grid) * 2
+
+
+def test_training_step_counts_the_same_on_meta_as_on_cpu() -> None:
+    """A training step's FLOPs (forward and the scan's hand-written backward) counted on the meta device, where
+    the backward takes a shapes-only path, equal the count of the real backward on CPU tensors."""
+    grid = (3, 5)
+    flops = {}
+    for device in ("meta", "cpu"):
+        torch.manual_seed(0)
+        with torch.device(device):
+            mixer = build(scan_impl="torch_stream")
+            x = torch.randn(2, grid[0] * grid[1], DIM, requires_grad=True)
+        with FlopCounterMode(display=False) as counter:
+            mixer(x, grid).square().sum().backward()
+        flops[device] = counter.get_total_flops()
+    assert flops["meta"] == flops["cpu"] > 2 * build().macs(grid) * 2
