@@ -137,3 +137,36 @@ def test_bad_grid_is_refused_with_one_line(tmp_path: Path, capsys, fields: str, 
     assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--dry-run", "--no-plan"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def named_config(tmp_path: Path, fields: str) -> Path:
+    text = tiny_sweep.tiny_config(["attention", "linear"], [16]).split("[timing]")[0]
+    text += 'epochs = 1\ndataset = "reach"\n' + fields
+    text += '[timing]\nwarmup = 0\nmin_repeats = 1\nmin_time_s = 0.0\n'
+    return tiny_sweep.write_config(tmp_path, text + '[train]\ntrain_samples = 40\nbatch_size = 20\nlr = 5e-4\n')
+
+
+def test_rates_named_per_mixer_train_each_mixer_at_its_rate_and_name_their_source(tmp_path: Path) -> None:
+    config = named_config(tmp_path, 'lr_by_mixer = { linear = 3e-3 }\nlr_source = "results/somewhere"\n')
+    out = tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-plan"]) == 0
+    rows = {r["mixer"]: r for r in read_rows(out / "runs.csv")}
+    assert json.loads(rows["linear"]["train"])["lr"] == 3e-3 and float(rows["linear"]["lr"]) == 3e-3
+    assert rows["linear"]["lr_source"] == "results/somewhere"
+    assert float(rows["attention"]["lr"]) == 5e-4 and rows["attention"]["lr_source"] == ""  # not named: train.lr
+    summary = (out / "summary.md").read_text()
+    assert "- linear: lr 3e-3 (from results/somewhere; 1 point)" in summary
+    assert "and a learning rate per mixer (below)" in summary
+
+
+@pytest.mark.parametrize("fields, message", [
+    ('lr_by_mixer = { linear = 3e-3 }\n', "say where the rates were chosen in lr_source"),
+    ('lr_by_mixer = { linear = 0.0 }\nlr_source = "x"\n', "lr_by_mixer.linear must be a learning rate > 0"),
+    ('lr_by_mixer = { linearr = 1e-3 }\nlr_source = "x"\n', "lr_by_mixer.linearr: no mixer 'linearr' is registered"),
+    ('lr_by_mixer = { linear = 1e-3 }\nlr_source = "x"\nlr_grid = [1e-3]\n', "give one of them"),
+])
+def test_bad_named_rates_are_refused_with_one_line(tmp_path: Path, capsys, fields: str, message: str) -> None:
+    config = named_config(tmp_path, fields)
+    assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--dry-run", "--no-plan"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

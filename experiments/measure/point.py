@@ -41,6 +41,7 @@ class Point:
     # "grid": a learning-rate grid run; "seed": a seed run at the rate the grid chose (experiments/lr_grid.py);
     # "seed?": a seed run whose rate the grid has yet to choose (a plan only); "" when the sweep has no grid
     lr_stage: str = ""
+    lr_source: str = ""  # where the config's lr_by_mixer rate of this mixer was chosen; "" when it has none
     device_peak_tflops: float = 0.0  # the sweep's matmul calibration (experiments/measure/peak.py); 0 = none
 
     @property
@@ -74,6 +75,8 @@ class Point:
         )
 
     def _rate_label(self) -> str:
+        if self.lr_source:
+            return f" lr={format_rate(json.loads(self.train)['lr'])}"
         if not self.lr_stage:
             return ""
         if self.lr_stage == "seed?":

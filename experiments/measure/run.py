@@ -263,7 +263,8 @@ def _train(model: ViT, bundle, recipe, point: Point, device: torch.device,
     from torch.utils.data import DataLoader
 
     checkpoint_dir = Path(point.checkpoint_dir) if point.checkpoint_dir else None
-    extra: dict[str, object] = {"lr": recipe.lr, "lr_stage": point.lr_stage, "trainer": recipe.trainer}
+    extra: dict[str, object] = {"lr": recipe.lr, "lr_stage": point.lr_stage, "lr_source": point.lr_source,
+                                "trainer": recipe.trainer}
     if recipe.trainer == "device":
         from ..train.device_data import to_device
         from ..train.device_trainer import train_on_device

@@ -32,7 +32,7 @@ from .erf import erf_figures, erf_tables, load_maps, outdated_maps_line
 from .plots_accuracy import accuracy_figures
 from .plots_accuracy_n import accuracy_n_figures
 from .plots_lr import lr_figures
-from .rates import rate_lines
+from .rates import named_rows, rate_lines, without_named_rates
 from .reach import reach_figures, reach_summary_lines, reach_tables, separation_tables
 from .plots_cost import patch_figures, wall_figures
 from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
@@ -51,7 +51,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPT
 # Schema columns that hold text (JSON included); every other schema column is numeric.
 TEXT_COLUMNS: frozenset[str] = frozenset({
     "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "compile", "impl", "status", "error",
-    "accuracy_by_bucket", "lr_stage", "trainer",
+    "accuracy_by_bucket", "lr_stage", "lr_source", "trainer",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
     "python_version", "timestamp", "timing_mode", "triton_version", "mamba_ssm_version",
 })
@@ -385,13 +385,18 @@ def _train_step_lines(points: pd.DataFrame) -> list[str]:
 def _training_lines(runs: pd.DataFrame) -> list[str]:
     """One bullet per training setting (data set, epochs, recipe): where it trained and how it ended."""
     trained = runs[runs["epochs"] > 0]
+    named = named_rows(trained)
+    # Rates named per mixer differ by mixer: one bullet for the recipe they share, the rates in their own section.
+    trained = without_named_rates(trained)
     lines = []
     for (dataset, epochs, recipe), rows in trained.groupby(["dataset", "epochs", "train"], sort=True):
         sizes = sorted({(int(i), int(p)) for i, p in zip(rows["img_size"], rows["patch_size"])})
         statuses = ", ".join(f"{n} {s}" for s, n in rows["status"].value_counts().sort_index().items())
+        per_mixer = " and a learning rate per mixer (below)" if named[rows.index].any() else ""
         lines.append(
             f"- Training: {dataset or '(no data set)'}, {epochs} epoch{'s' * (epochs != 1)}, recipe "
-            f"{'defaults' if recipe in ('', '{}') else f'`{recipe}`'}, seed{'s' * (rows['seed'].nunique() > 1)} "
+            f"{'defaults' if recipe in ('', '{}') else f'`{recipe}`'}{per_mixer}, "
+            f"seed{'s' * (rows['seed'].nunique() > 1)} "
             f"{_values(rows['seed'])}; "
             f"image/patch {', '.join(f'{i}/{p}' for i, p in sizes)} px ({len(rows)} points: {statuses})")
     return lines

@@ -378,7 +378,8 @@ def _select(frame: pd.DataFrame, values: dict, **extra: object) -> pd.DataFrame:
 
 def _save(fig: Figure, stem: Path) -> list[Path]:
     """Write `<stem>.png` and `<stem>.pdf`, without timestamps so that a rebuild is byte-stable."""
-    png, pdf = stem.with_suffix(".png"), stem.with_suffix(".pdf")
+    # Appended, not with_suffix: a facet's stem may hold a dot (a rate, "lr-0.0005"), which with_suffix would cut.
+    png, pdf = stem.parent / f"{stem.name}.png", stem.parent / f"{stem.name}.pdf"
     fig.savefig(png, dpi=DPI, metadata={"Software": None})
     fig.savefig(pdf, metadata={"CreationDate": None, "Creator": None, "Producer": None})
     return [png, pdf]

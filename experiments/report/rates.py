@@ -26,9 +26,29 @@ def rate_choices(runs: pd.DataFrame) -> dict[tuple[str, ...], RateChoice]:
     return choose_rates(grid_rows(runs).to_dict("records"))
 
 
+def named_rows(runs: pd.DataFrame) -> pd.Series:
+    """True for rows whose rate the config named per mixer (`lr_by_mixer`, with its `lr_source`)."""
+    if "lr_source" not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs["lr_source"].fillna("").astype(str).str.strip() != ""
+
+
+def without_named_rates(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with the rate taken out of `train` in every training row of a recipe some row names rates per mixer
+    for: the mixers the config did not name trained at the recipe's own rate, which is their rate in `lr` too."""
+    named = named_rows(runs)
+    if not named.any():
+        return runs
+    shared = {recipe_without_rate(str(t)) for t in runs.loc[named, "train"]}
+    bare = [recipe_without_rate(str(t)) for t in runs["train"]]
+    return runs.assign(train=[b if b in shared and e > 0 else t for t, b, e in zip(runs["train"], bare, runs["epochs"])])
+
+
 def at_chosen_rates(runs: pd.DataFrame) -> pd.DataFrame:
-    """`runs` less the grid rows at rates not chosen; rows of a chosen setting get their rate in `lr` and a
-    recipe without it in `train`, so mixers trained at different rates share one table row layout and figure."""
+    """`runs` less the grid rows at rates not chosen; rows of a chosen setting, and rows at a rate named per mixer,
+    get their rate in `lr` and a recipe without it in `train`, so mixers trained at different rates share one
+    table row layout and figure."""
+    runs = without_named_rates(runs)
     choices = rate_choices(runs)
     if not choices:
         return runs
@@ -41,12 +61,28 @@ def at_chosen_rates(runs: pd.DataFrame) -> pd.DataFrame:
     return out[keep]
 
 
+def named_rate_lines(runs: pd.DataFrame) -> list[str]:
+    """A summary section for rates named per mixer in the config: each mixer's rate and where it was chosen."""
+    named = runs[named_rows(runs) & (runs["epochs"] > 0)]
+    if named.empty:
+        return []
+    lines = ["## Learning rate per mixer (named in the config, chosen elsewhere on validation)", "",
+             "The config names each mixer's peak learning rate (`lr_by_mixer`), chosen by the grid run it cites "
+             "(`lr_source`), on that run's validation split; this sweep chose nothing itself.", ""]
+    for (mixer, source), rows in sorted(named.groupby(["mixer", "lr_source"]),
+                                        key=lambda item: (mixer_rank(item[0][0]), item[0])):
+        rates = ", ".join(format_rate(float(r)) for r in sorted(rows["lr"].dropna().unique()))
+        lines.append(f"- {mixer}: lr {rates} (from {source}; {len(rows)} point{'s' * (len(rows) != 1)})")
+    return lines + [""]
+
+
 def rate_lines(runs: pd.DataFrame) -> list[str]:
-    """A summary section: the rate each mixer got, the grid's validation accuracy per rate, and the seeds."""
+    """A summary section: the rate each mixer got, the grid's validation accuracy per rate, and the seeds (or, for
+    rates the config named per mixer, where they came from)."""
     grid = grid_rows(runs)
     choices = rate_choices(runs)
     if not choices:
-        return []
+        return named_rate_lines(runs)
     seeds = sorted({int(s) for s in grid["seed"]})
     lines = ["## Learning rate per mixer (chosen on validation, never on test)", "",
              f"Each setting trained once per rate of its grid at seed(s) {', '.join(map(str, seeds))}, on the "

@@ -91,6 +91,11 @@ class SweepConfig:
     # the grid runs at lr_grid_seeds (default: the first seed), then the other seeds at the chosen rate.
     lr_grid: tuple[float, ...] = ()
     lr_grid_seeds: tuple[int, ...] = ()
+    # Each mixer's learning rate, chosen elsewhere (a committed grid run), and where it came from: {mixer: rate}
+    # replaces train.lr for that mixer; a mixer not named trains at train.lr. `lr_source` must say where the rates
+    # were chosen (e.g. "results/default_lr"), so every table can name it.
+    lr_by_mixer: dict = field(default_factory=dict)
+    lr_source: str = ""
     runs: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
@@ -158,10 +163,12 @@ class SweepConfig:
                 timing=timing, measure_train_step=self.measure_train_step, memory_limit_mb=self.memory_limit_mb,
                 num_threads=self.num_threads, data_dir=self.data_dir, data_path=self.data_path, train=train,
                 timeout_s=self.timeout_s, compile="" if self.compile == "none" else self.compile, lr_stage=stage,
+                lr_source=self.lr_source if self.epochs and mixer in self.lr_by_mixer else "",
                 timing_mode=mode,
             )
-            for mixer, preset, img, patch, batch, (seed, train, stage), mode in itertools.product(
-                mixers, self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self._trainings(),
+            for mixer in mixers
+            for preset, img, patch, batch, (seed, train, stage), mode in itertools.product(
+                self.presets, self.img_sizes, self.patch_sizes, self.batch_sizes, self._trainings(mixer),
                 self.timing_modes,
             )
         ]
@@ -179,13 +186,15 @@ class SweepConfig:
         """The seeds a learning-rate grid runs at."""
         return self.lr_grid_seeds or self.seeds[:1]
 
-    def _trainings(self) -> list[tuple[int, str, str]]:
-        """(seed, recipe JSON, lr_stage) of the points of one setting: its seeds, or its learning-rate grid (the
-        seeds at the chosen rate come later: experiments/sweep/lr_stages.py)."""
+    def _trainings(self, mixer: str) -> list[tuple[int, str, str]]:
+        """(seed, recipe JSON, lr_stage) of the points of one setting of `mixer`: its seeds (at its rate from
+        `lr_by_mixer`, if named there), or its learning-rate grid (the seeds at the chosen rate come later:
+        experiments/sweep/lr_stages.py)."""
         if not self.epochs:  # time and memory do not depend on the initial weights' values: one seed
             return [(self.seeds[0], "{}", "")]
         if not self.lr_grid:
-            return [(seed, canonical_json(self.train), "") for seed in self.seeds]
+            recipe = {**self.train, "lr": self.lr_by_mixer[mixer]} if mixer in self.lr_by_mixer else self.train
+            return [(seed, canonical_json(recipe), "") for seed in self.seeds]
         return [(seed, canonical_json({**self.train, "lr": lr}), "grid")
                 for lr in self.lr_grid for seed in self.grid_seeds]
 
@@ -194,6 +203,8 @@ class SweepConfig:
             if self.lr_grid:
                 raise ConfigError("lr_grid: a learning-rate grid needs training (epochs > 0)")
             return
+        if self.lr_by_mixer:
+            _check_lr_by_mixer(self)
         if self.lr_grid:
             _check_lr_grid(self)
         if not self.dataset:
@@ -240,6 +251,26 @@ def _check_lr_grid(config: SweepConfig) -> None:
             TrainRecipe(epochs=config.epochs, **{**config.train, "lr": lr})
         except (TypeError, ValueError) as error:
             raise ConfigError(f"lr_grid: {error}") from None
+
+
+def _check_lr_by_mixer(config: SweepConfig) -> None:
+    if config.lr_grid:
+        raise ConfigError("lr_by_mixer names each mixer's rate and lr_grid chooses it: give one of them")
+    bad = {m: lr for m, lr in config.lr_by_mixer.items()
+           if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0)}
+    if bad:
+        mixer, lr = next(iter(bad.items()))
+        raise ConfigError(f"lr_by_mixer.{mixer} must be a learning rate > 0, got {lr!r}")
+    if not config.lr_source.strip():
+        raise ConfigError("lr_by_mixer: say where the rates were chosen in lr_source (e.g. lr_source = "
+                          "\"results/default_lr\", a committed grid run), so the tables can name it")
+    from ..train.recipe import TrainRecipe
+
+    for mixer, lr in config.lr_by_mixer.items():
+        try:
+            TrainRecipe(epochs=config.epochs, **{**config.train, "lr": float(lr)})
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"lr_by_mixer.{mixer}: {error}") from None
 
 
 def union_points(run_points: list[list[Point]]) -> list[Point]:
@@ -450,6 +481,10 @@ def check_override_mixers(config: SweepConfig, available_mixers: list[str]) -> N
     if unknown:
         raise ConfigError(f"overrides.{unknown[0]}: no mixer {unknown[0]!r} is registered; an override table is "
                           f"named \"*\" (every mixer) or one of {', '.join(available_mixers)}")
+    unknown = [key for key in config.lr_by_mixer if key not in available_mixers]
+    if unknown:
+        raise ConfigError(f"lr_by_mixer.{unknown[0]}: no mixer {unknown[0]!r} is registered; name one of "
+                          f"{', '.join(available_mixers)}")
 
 
 def _check_tables(config: SweepConfig, prefix: str) -> None:
