@@ -170,3 +170,24 @@ def test_bad_named_rates_are_refused_with_one_line(tmp_path: Path, capsys, field
     assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--dry-run", "--no-plan"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_budget_rule_takes_the_fewest_epochs_where_the_best_mixer_reaches_the_target_on_validation() -> None:
+    from experiments.report.rates import budget_lines
+
+    def at(epochs: int, row: dict) -> dict:
+        return {**row, "epochs": epochs}
+
+    rows = [  # test accuracy would call 2 epochs enough (attention 0.95); validation says 4
+        at(2, grid_row("attention", 1e-3, 0, val=0.85, test=0.95)), at(2, grid_row("attention", 3e-3, 0, val=0.6, test=0.6)),
+        at(2, grid_row("linear", 1e-3, 0, val=0.5, test=0.5)),
+        at(4, grid_row("attention", 1e-3, 0, val=0.88, test=0.9)), at(4, grid_row("attention", 3e-3, 0, val=0.93, test=0.7)),
+        at(4, grid_row("linear", 1e-3, 0, val=0.55, test=0.5)),
+        at(8, grid_row("attention", 1e-3, 0, val=1.0, test=1.0)), at(8, grid_row("linear", 1e-3, 0, val=0.99, test=1.0)),
+    ]
+    frame = pd.DataFrame(rows)
+    text = "\n".join(budget_lines(frame))
+    assert "Here: 4 epochs: the fewest at which the best mixer reaches 90% validation accuracy" in text
+    assert "| 4 (chosen) | 93.0% | 3e-3: 93.0% | 1e-3: 55.0% |" in text
+    assert "no budget reached" in "\n".join(budget_lines(frame, target=1.01))
+    assert budget_lines(frame[frame["epochs"] == 2]) == []  # one budget: no rule to apply

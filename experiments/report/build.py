@@ -32,7 +32,7 @@ from .erf import erf_figures, erf_tables, load_maps, outdated_maps_line
 from .plots_accuracy import accuracy_figures
 from .plots_accuracy_n import accuracy_n_figures
 from .plots_lr import lr_figures
-from .rates import named_rows, rate_lines, without_named_rates
+from .rates import budget_lines, named_rows, rate_lines, without_named_rates
 from .reach import reach_figures, reach_summary_lines, reach_tables, separation_tables
 from .plots_cost import patch_figures, wall_figures
 from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
@@ -174,7 +174,8 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
         if not planner.empty:
             text += "\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner)
         text += "\n" + "\n".join(extra_summary_lines(runs, cost_curve_rows(runs)))
-        reach_lines = rate_lines(runs) + report_tables.parameter_lines(runs) + reach_summary_lines(runs)
+        reach_lines = rate_lines(runs) + budget_lines(runs) + report_tables.parameter_lines(runs)
+        reach_lines += reach_summary_lines(runs)
         reach_lines += [line for line in [outdated_maps_line(sweep_dir, runs)] if line]
         if reach_lines:
             text += "\n" + "\n".join(reach_lines)

@@ -11,6 +11,7 @@ import math
 import pandas as pd
 
 from ..lr_grid import GRID_STAGE, RateChoice, choose_rates, format_rate, rate_group, rate_of, recipe_without_rate
+from ..schema import KEY_COLUMNS
 from .crossover import mixer_rank
 
 
@@ -98,6 +99,58 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
         curve = ", ".join(f"{format_rate(r)}: {100 * v:.1f}%" for r, v in choice.val_accuracy.items())
         failed = f"; failed: {', '.join(format_rate(r) for r in choice.failed)}" if choice.failed else ""
         val = int(row["val_samples"]) if math.isfinite(float(row.get("val_samples", math.nan))) else "?"
-        lines.append(f"- {row['mixer']} ({row['dataset']}, {int(row['img_size'])} px, patch {int(row['patch_size'])}):"
+        epochs = int(row["epochs"])
+        lines.append(f"- {row['mixer']} ({row['dataset']}, {int(row['img_size'])} px, patch {int(row['patch_size'])}, "
+                     f"{epochs} epoch{'s' * (epochs != 1)}):"
                      f" lr {format_rate(choice.lr)} (validation accuracy {curve}{failed}; {val} validation images)")
     return lines + [""]
+
+
+# The budget rule of a grid swept over epochs, fixed before any such run (experiments/configs/default_lr.toml): the
+# fewest epochs at which the best mixer, at its best rate, reaches this validation accuracy.
+BUDGET_TARGET = 0.9
+
+
+def budget_lines(runs: pd.DataFrame, target: float = BUDGET_TARGET) -> list[str]:
+    """A summary section for grids run at several epoch budgets of one setting: the fewest epochs at which the best
+    mixer (at its chosen rate) reaches `target` validation accuracy, and every mixer's rate and validation there.
+
+    Settings that differ only in mixer, model overrides and epochs form one budget sweep (mixers carry their own
+    overrides, as parameter-matched models do). Read from validation only, like the rate choice.
+    """
+    choices = rate_choices(runs)
+    if not choices:
+        return []
+    first = {}
+    for row in grid_rows(runs).to_dict("records"):
+        first.setdefault(rate_group(row), row)
+    sweeps: dict[tuple, dict[int, dict[str, RateChoice]]] = {}
+    columns = [c for c in KEY_COLUMNS if c not in ("seed", "mixer", "overrides", "epochs")]
+    for group, choice in choices.items():
+        row = first[group]
+        setting = tuple(recipe_without_rate(str(row["train"])) if c == "train" else str(row.get(c, "")) for c in columns)
+        sweeps.setdefault(setting, {}).setdefault(int(row["epochs"]), {})[str(row["mixer"])] = choice
+    lines = []
+    for setting, by_epochs in sweeps.items():
+        if len(by_epochs) < 2:
+            continue
+        best = {e: max(max(c.val_accuracy.values()) for c in by_mixer.values()) for e, by_mixer in by_epochs.items()}
+        reached = [e for e in sorted(by_epochs) if best[e] >= target]
+        budget = reached[0] if reached else max(by_epochs)
+        verdict = (f"{budget} epochs: the fewest at which the best mixer reaches {100 * target:.0f}% validation "
+                   f"accuracy" if reached else
+                   f"{budget} epochs: no budget reached {100 * target:.0f}% validation accuracy, so the largest")
+        lines += [f"## Training budget by rule (epochs {', '.join(map(str, sorted(by_epochs)))})", "",
+                  "The rule, fixed before the run: train for the fewest epochs at which the best mixer, at its best "
+                  f"rate, reaches {100 * target:.0f}% validation accuracy (the largest budget if none does); every "
+                  f"mixer then trains at the rate its grid chose at that budget. Here: {verdict}.", "",
+                  "| epochs | best validation accuracy | " + " | ".join(
+                      sorted(by_epochs[budget], key=mixer_rank)) + " |",
+                  "|--:|--:|" + "--:|" * len(by_epochs[budget])]
+        for e in sorted(by_epochs):
+            cells = [by_epochs[e].get(m) for m in sorted(by_epochs[budget], key=mixer_rank)]
+            shown = [f"{format_rate(c.lr)}: {100 * c.val_accuracy[c.lr]:.1f}%" if c else "" for c in cells]
+            lines.append(f"| {e}{' (chosen)' if e == budget else ''} | {100 * best[e]:.1f}% | " + " | ".join(shown)
+                         + " |")
+        lines.append("")
+    return lines
