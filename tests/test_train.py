@@ -82,13 +82,13 @@ def test_training_reduces_loss_for_every_mixer(mixer: str) -> None:
     assert result.status == "ok" and result.error == ""
     assert result.epochs_done == FAST.epochs and result.train_samples == N_TRAIN
     assert after < 0.9 * before, f"{mixer}: loss {before:.3f} -> {after:.3f}"
-    assert 0.0 <= result.accuracy <= result.best_accuracy <= 1.0
+    assert 0.0 <= result.accuracy <= 1.0 and result.best_accuracy is None  # no per-epoch test selection
     assert result.train_time_s > 0 and result.train_img_s > 0
 
 
 def test_learns_the_task() -> None:
     result = run(tiny_vit(), dataclasses.replace(FAST, epochs=3))
-    assert result.best_accuracy > 0.6  # chance is 0.25
+    assert result.accuracy > 0.6  # chance is 0.25
 
 
 class Crashing(Dataset):
