@@ -196,3 +196,45 @@ def test_default_lists_its_mixers_so_a_new_mixer_does_not_grow_its_budget() -> N
     values, source = load_config("default")
     mixers_run = {p.mixer for p in config_from_dict(values, source).points(list_mixers())}
     assert mixers_run == {"attention", "attention_naive", "swin", "linear", "mamba"}
+
+
+def training_config(tmp_path: Path, extra: str = "") -> Path:
+    text = TINY.split("[timing]")[0] + 'epochs = 1\ndataset = "reach"\nseeds = [0, 1]\nnum_threads = 1\n' + extra
+    text += "[timing]\nwarmup = 0\nmin_repeats = 1\nmin_time_s = 0.0\n[train]\ntrain_samples = 40\nbatch_size = 20\n"
+    return write_config(tmp_path, text)
+
+
+def test_training_points_run_side_by_side_and_one_failing_costs_only_its_row(tmp_path: Path) -> None:
+    from datetime import datetime, timedelta
+
+    from experiments.measure.run import FAULT_VARIABLE
+
+    def row_interval(row: dict) -> tuple[datetime, datetime]:  # when a point ran: its end, less its own seconds
+        end = datetime.fromisoformat(row["timestamp"])
+        return end - timedelta(seconds=float(row["point_seconds"] or 0)), end
+
+    out = tmp_path / "out"
+    # A fresh process: the fault variable must reach the fork server, which an earlier test may have started.
+    env = {**os.environ, FAULT_VARIABLE: r"linear .* seed 1$", "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", str(training_config(tmp_path)), "--out",
+                    str(out), "--quiet", "--no-plan", "--no-report", "--parallel", "2"], cwd=REPO, env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = rows_of(out)
+    assert sorted((r["mixer"], r["img_size"], r["seed"], r["status"]) for r in rows) == sorted(
+        (m, s, seed, "error" if (m, seed) == ("linear", "1") else "ok")
+        for m in ("attention", "linear") for s in ("16", "32") for seed in ("0", "1"))
+    spans = sorted(row_interval(r) for r in rows)
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))  # two points ran at once
+    assert all(r["cpu_threads"] == "1" for r in rows if r["status"] == "ok")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--parallel", "0"], "parallel must be >= 1"),
+    (["--parallel", "2", "--num-threads", "0"], "set device = \"cpu\" and num_threads"),
+    (["--parallel", "4096", "--num-threads", "1"], "parallel 4096 x num_threads 1 is more than the"),
+])
+def test_bad_parallel_is_refused_with_one_line(tmp_path: Path, capsys, flags: list[str], message: str) -> None:
+    out = tmp_path / "out"
+    assert main(["--config", str(training_config(tmp_path)), "--out", str(out), "--dry-run", "--no-plan", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not out.exists()

@@ -32,6 +32,7 @@ class Point:
     measure_train_step: bool = True
     memory_limit_mb: int = 0
     num_threads: int = 0
+    parallel: int = 1  # training points of this run that run at once, each on its own num_threads (CPU only)
     data_dir: str = ""
     data_path: str = ""
     timeout_s: float = 1800.0

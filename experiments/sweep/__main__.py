@@ -42,7 +42,8 @@ which runs a flag changes (--dry-run prints, per run, what it does, its points a
       unless --out says otherwise
   with --config X (or no grid flag, on the default config):
       grid flags and --device, --dtype, --timeout-s, --memory-limit-mb, --num-threads, --compile: every run
-      --epochs, --dataset, --data-dir, --data-path, --seeds: the runs that train (every run if none trains)
+      --epochs, --dataset, --data-dir, --data-path, --seeds, --parallel: the runs that train (every run if none
+      trains)
       --out, --launcher: the sweep
   seeds multiply training points only: a cost point runs once, with the first seed (its time and memory do not
   depend on the values of the initial weights)"""
@@ -71,6 +72,8 @@ _FIELD_FLAGS = {
     "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on the address space one point may add (emulates "
                             "less memory; thread stacks and allocator arenas count, so tensors hit it sooner)"),
     "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: the cores free when the sweep starts)"),
+    "parallel": dict(type=int, metavar="N", help="CPU training points that run at once, each on --num-threads "
+                     "threads (set it, e.g. 1); cost points still run one at a time, so their timings stay quiet"),
     "compile": dict(metavar="MODE", help="time a torch.compile'd model (default, max-autotune, ...); none: eager; "
                     "a separate key, so compiled rows sit beside eager ones"),
     "launcher": dict(choices=["local", "submitit"], help="local: one isolated process per point; submitit: a job per point"),
@@ -255,7 +258,9 @@ class PlannedProgress:
         """'~32 s left (planner)', with how many points it could not predict; '' without a planner."""
         if self.planner is None or not self.left:
             return ""
-        predicted = [self.planner.predict(p).point_s for p in self.left.values()]
+        # Points that run side by side (parallel) take their share of the wall time.
+        predicted = [None if (s := self.planner.predict(p).point_s) is None else s / p.parallel
+                     for p in self.left.values()]
         known = [s for s in predicted if s is not None]
         if not known:
             return "time left unknown (no prediction yet)"
@@ -437,6 +442,11 @@ def check_threads(points: list[Point]) -> None:
     if asked > cpus:
         raise ConfigError(f"num_threads {asked} is more than the {cpus} CPUs this process may use; give at most "
                           f"{cpus} (or 0: the cores free when the sweep starts)")
+    side_by_side = max(points, key=lambda p: p.parallel * p.num_threads, default=None)
+    if side_by_side is not None and side_by_side.parallel * side_by_side.num_threads > cpus:
+        p = side_by_side
+        raise ConfigError(f"parallel {p.parallel} x num_threads {p.num_threads} is more than the {cpus} CPUs this "
+                          f"process may use; give parallel x num_threads <= {cpus}")
 
 
 def check_calibration_file(path: Path) -> None:

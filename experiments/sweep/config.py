@@ -13,8 +13,8 @@ What command-line flags do (`apply_flags`, printed per run by `--dry-run`):
 - With `--config X` (or with no grid flag, on the default config), flags change the config's runs:
   - grid flags and how-to-measure flags (`--device`, `--dtype`, `--timeout-s`, `--memory-limit-mb`,
     `--num-threads`, `--compile`) apply to every run, replacing what a run sets itself;
-  - training flags (`--epochs`, `--dataset`, `--data-dir`, `--data-path`, `--seeds`) apply to the runs that
-    train (epochs > 0 in the file), so `--epochs 2` shortens the training and leaves the cost runs cost runs;
+  - training flags (`--epochs`, `--dataset`, `--data-dir`, `--data-path`, `--seeds`, `--parallel`) apply to the
+    runs that train (epochs > 0 in the file), so `--epochs 2` shortens the training and leaves the cost runs cost runs;
     in a config where nothing trains they apply to every run (a cost config asked to train);
   - `--out` and `--launcher` are the sweep's, not a run's.
 - Seeds multiply training points only: a cost point (epochs 0) measures time and memory, which do not depend
@@ -81,6 +81,10 @@ class SweepConfig:
     timeout_s: float = 1800.0
     memory_limit_mb: int = 0  # CPU only: cap on what one point may allocate, 0 = none
     num_threads: int = 0  # 0 = torch's default
+    # CPU training points that run at once, each in its own process on num_threads threads (given explicitly): on
+    # a 2-core machine, two one-thread trainings finish sooner than one on two threads. Cost points always run one
+    # at a time, so their timings stay quiet; a training row's latency is then read beside another training.
+    parallel: int = 1
     compile: str = ""  # torch.compile mode for the timed model; "" or "none": eager
     timing_modes: tuple[str, ...] = ("eager",)  # eager and/or graphed (CUDA graph replay), a key like compile
     launcher: str = "local"
@@ -161,7 +165,8 @@ class SweepConfig:
                 device=self.device, dtype=self.dtype, dataset=self.dataset if self.epochs else "",
                 epochs=self.epochs, seed=seed, overrides=canonical_json(self.model_overrides(mixer)),
                 timing=timing, measure_train_step=self.measure_train_step, memory_limit_mb=self.memory_limit_mb,
-                num_threads=self.num_threads, data_dir=self.data_dir, data_path=self.data_path, train=train,
+                num_threads=self.num_threads, parallel=self.parallel if self.epochs else 1, data_dir=self.data_dir,
+                data_path=self.data_path, train=train,
                 timeout_s=self.timeout_s, compile="" if self.compile == "none" else self.compile, lr_stage=stage,
                 lr_source=self.lr_source if self.epochs and mixer in self.lr_by_mixer else "",
                 timing_mode=mode,
@@ -335,6 +340,7 @@ LIMITS: dict[str, int] = {
     "timeout_s": 30 * 86_400,  # s; a time limit past 30 days is a typo, and poll() overflows on huge values
     "memory_limit_mb": 1 << 30,  # MiB, 1 PiB
     "num_threads": 4096,
+    "parallel": 4096,
 }
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding (np.random.seed, in training) takes 0 .. 2**32 - 1
 MAX_OVERRIDE_INT = 65_536  # any integer in `overrides` (dim, depth, heads, window sizes, state sizes)
@@ -402,6 +408,11 @@ def check_fields(config: SweepConfig, where: str) -> None:
         raise ConfigError(f"{prefix}memory_limit_mb must be >= 0 (0: no cap), got {config.memory_limit_mb}")
     if config.num_threads < 0:
         raise ConfigError(f"{prefix}num_threads must be >= 0 (0: chosen from the free cores), got {config.num_threads}")
+    if config.parallel < 1:
+        raise ConfigError(f"{prefix}parallel must be >= 1 (training points run at once), got {config.parallel}")
+    if config.parallel > 1 and config.epochs and (config.device != "cpu" or config.num_threads < 1):
+        raise ConfigError(f"{prefix}parallel {config.parallel} runs CPU training points side by side, each on its own "
+                          "threads: set device = \"cpu\" and num_threads (e.g. --num-threads 1), or parallel = 1")
     _check_tables(config, prefix)
     _check_overrides(config, prefix)
     if config.memory_limit_mb and config.device == "cuda":
@@ -515,7 +526,7 @@ def config_from_dict(values: dict, source: str) -> SweepConfig:
 # Flags that name the grid: without --config they build a sweep of their own (module docstring).
 GRID_FIELDS = ("mixers", "presets", "img_sizes", "patch_sizes", "batch_sizes")
 # Flags about training: on a config, they go to the runs that train.
-TRAINING_FIELDS = ("epochs", "dataset", "data_dir", "data_path", "seeds")
+TRAINING_FIELDS = ("epochs", "dataset", "data_dir", "data_path", "seeds", "parallel")
 # Flags about the whole sweep, not about any one run.
 SWEEP_FIELDS = ("out", "launcher")
 # The name (and results/local/ folder) of a sweep built from flags alone.

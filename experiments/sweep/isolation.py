@@ -127,14 +127,14 @@ def run_isolated(target: Callable[[Point], Row], point: Point, timeout_s: float)
         if process.is_alive():
             process.kill()
         process.join()
-        _kill_group(process.pid)
+        kill_group(process.pid)
     if row is None:
         row = _death_row(process.exitcode, point.memory_limit_mb)
     row.pop("traceback", None)
     return row
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
     """Ends what is left of a point's process group (worker pools of a point that was killed or exited)."""
     try:
         os.killpg(pgid, signal.SIGKILL)

@@ -4,12 +4,14 @@ Either way the sweep process alone writes runs.csv, so rows from a cluster land 
 """
 from __future__ import annotations
 
+import multiprocessing as mp
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ..measure.point import Point
 from ..measure.run import measure_point
 from .config import SweepConfig
-from .isolation import run_isolated
+from .isolation import kill_group, run_isolated
 
 Record = Callable[[Point, dict], None]
 # Decides, just before a point runs, whether it runs as is, runs adjusted, or is recorded as skipped.
@@ -17,16 +19,60 @@ Prepare = Callable[[Point], "tuple[Point, dict | None]"]
 
 
 class LocalLauncher:
-    """Points one after another, each in its own child process with the point's time limit."""
+    """Points one after another, each in its own child process with the point's time limit; consecutive points
+    with `parallel` > 1 (CPU training) run that many at a time."""
 
     def run(self, points: list[Point], record: Record, prepare: Prepare, bar) -> None:
-        for point in points:
-            point, skipped = prepare(point)
-            if skipped is not None:
-                record(point, skipped)
-                continue
-            bar.set_postfix_str(point.label(), refresh=True)
-            record(point, run_isolated(measure_point, point, point.timeout_s))
+        start = 0
+        while start < len(points):
+            width = points[start].parallel
+            end = start + 1
+            while end < len(points) and points[end].parallel == width:
+                end += 1
+            if width > 1:
+                _run_side_by_side(points[start:end], width, record, prepare, bar)
+            else:
+                for point in points[start:end]:
+                    point, skipped = prepare(point)
+                    if skipped is not None:
+                        record(point, skipped)
+                        continue
+                    bar.set_postfix_str(point.label(), refresh=True)
+                    record(point, run_isolated(measure_point, point, point.timeout_s))
+            start = end
+
+
+def _run_side_by_side(points: list[Point], width: int, record: Record, prepare: Prepare, bar) -> None:
+    """Up to `width` points at once, each isolated in its own child; rows are recorded here, in this thread, one at
+    a time as points finish (so runs.csv has one writer). An interrupt kills the running children before leaving."""
+    queue = iter(points)
+    running: dict[Future, Point] = {}
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="point") as pool:
+
+        def start_next() -> None:
+            for point in queue:
+                point, skipped = prepare(point)
+                if skipped is not None:
+                    record(point, skipped)
+                    continue
+                running[pool.submit(run_isolated, measure_point, point, point.timeout_s)] = point
+                bar.set_postfix_str(point.label(), refresh=True)
+                return
+
+        try:
+            for _ in range(width):
+                start_next()
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    record(running.pop(future), future.result())
+                    start_next()
+        except BaseException:
+            # The worker threads wait on their children until each point's time limit: end the children now, so
+            # an interrupted sweep stops at once (their rows are not recorded; a rerun measures them again).
+            for child in mp.active_children():
+                kill_group(child.pid)
+            raise
 
 
 def measure_in_job(point: Point) -> dict:

@@ -501,7 +501,7 @@ def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None 
             reason = planner.unknown_reason(point) or "unknown"
             reasons[reason] = reasons.get(reason, 0) + 1
         else:
-            total += pr.point_s
+            total += pr.point_s / point.parallel  # points run side by side share the wall time
         if budget_s is not None and cut is None and total > budget_s:
             cut = index
             lines.append(f"     --- budget of {budget_minutes:g} min ends about here ---")
@@ -513,8 +513,11 @@ def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None 
         known = "UNKNOWN: no point could be predicted (reasons below)"
     else:
         known = f"{total / 60:.1f} min" + (f" + {unknown} points NOT PREDICTED (reasons below)" if unknown else "")
+    side_by_side = max((p.parallel for p in points), default=1)
     lines.append(f"predicted wall time of the {len(points)} points: {known}"
-                 + (" (per-point overheads included; the report at the end is not)" if unknown < len(points) else ""))
+                 + (" (per-point overheads included; the report at the end is not)" if unknown < len(points) else "")
+                 + (f"; training points run up to {side_by_side} at a time, each counted as its share"
+                    if side_by_side > 1 else ""))
     lines += [f"  not predicted, {count} point{'s' * (count > 1)}: {reason}" for reason, count in reasons.items()]
     return lines
 
