@@ -179,11 +179,14 @@ def test_budget_rule_takes_the_fewest_epochs_where_the_best_mixer_reaches_the_ta
         return {**row, "epochs": epochs}
 
     rows = [  # test accuracy would call 2 epochs enough (attention 0.95); validation says 4
-        at(2, grid_row("attention", 1e-3, 0, val=0.85, test=0.95)), at(2, grid_row("attention", 3e-3, 0, val=0.6, test=0.6)),
+        at(2, grid_row("attention", 1e-3, 0, val=0.85, test=0.95)),
+        at(2, grid_row("attention", 3e-3, 0, val=0.6, test=0.6)),
         at(2, grid_row("linear", 1e-3, 0, val=0.5, test=0.5)),
-        at(4, grid_row("attention", 1e-3, 0, val=0.88, test=0.9)), at(4, grid_row("attention", 3e-3, 0, val=0.93, test=0.7)),
+        at(4, grid_row("attention", 1e-3, 0, val=0.88, test=0.9)),
+        at(4, grid_row("attention", 3e-3, 0, val=0.93, test=0.7)),
         at(4, grid_row("linear", 1e-3, 0, val=0.55, test=0.5)),
-        at(8, grid_row("attention", 1e-3, 0, val=1.0, test=1.0)), at(8, grid_row("linear", 1e-3, 0, val=0.99, test=1.0)),
+        at(8, grid_row("attention", 1e-3, 0, val=1.0, test=1.0)),
+        at(8, grid_row("linear", 1e-3, 0, val=0.99, test=1.0)),
     ]
     frame = pd.DataFrame(rows)
     text = "\n".join(budget_lines(frame))

@@ -42,7 +42,8 @@ def without_named_rates(runs: pd.DataFrame) -> pd.DataFrame:
         return runs
     shared = {recipe_without_rate(str(t)) for t in runs.loc[named, "train"]}
     bare = [recipe_without_rate(str(t)) for t in runs["train"]]
-    return runs.assign(train=[b if b in shared and e > 0 else t for t, b, e in zip(runs["train"], bare, runs["epochs"])])
+    trains = zip(runs["train"], bare, runs["epochs"])
+    return runs.assign(train=[b if b in shared and epochs > 0 else t for t, b, epochs in trains])
 
 
 def at_chosen_rates(runs: pd.DataFrame) -> pd.DataFrame:
@@ -128,7 +129,8 @@ def budget_lines(runs: pd.DataFrame, target: float = BUDGET_TARGET) -> list[str]
     columns = [c for c in KEY_COLUMNS if c not in ("seed", "mixer", "overrides", "epochs")]
     for group, choice in choices.items():
         row = first[group]
-        setting = tuple(recipe_without_rate(str(row["train"])) if c == "train" else str(row.get(c, "")) for c in columns)
+        setting = tuple(recipe_without_rate(str(row["train"])) if c == "train" else str(row.get(c, ""))
+                        for c in columns)
         sweeps.setdefault(setting, {}).setdefault(int(row["epochs"]), {})[str(row["mixer"])] = choice
     lines = []
     for setting, by_epochs in sweeps.items():

@@ -5,7 +5,7 @@ Either way the sweep process alone writes runs.csv, so rows from a cluster land 
 from __future__ import annotations
 
 import multiprocessing as mp
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ..measure.point import Point
@@ -22,27 +22,45 @@ class LocalLauncher:
     """Points one after another, each in its own child process with the point's time limit; consecutive points
     with `parallel` > 1 (CPU training) run that many at a time."""
 
-    def run(self, points: list[Point], record: Record, prepare: Prepare, bar) -> None:
-        start = 0
-        while start < len(points):
-            width = points[start].parallel
-            end = start + 1
-            while end < len(points) and points[end].parallel == width:
-                end += 1
-            if width > 1:
-                _run_side_by_side(points[start:end], width, record, prepare, bar)
-            else:
-                for point in points[start:end]:
-                    point, skipped = prepare(point)
-                    if skipped is not None:
-                        record(point, skipped)
-                        continue
-                    bar.set_postfix_str(point.label(), refresh=True)
-                    record(point, run_isolated(measure_point, point, point.timeout_s))
-            start = end
+    def run(self, points: Iterable[Point], record: Record, prepare: Prepare, bar) -> None:
+        queue = _Queue(points)  # read lazily: a budget decides on each point as the previous ones finish
+        while (head := queue.peek()) is not None:
+            if head.parallel > 1:
+                _run_side_by_side(queue.while_parallel(head.parallel), head.parallel, record, prepare, bar)
+                continue
+            point, skipped = prepare(queue.pop())
+            if skipped is not None:
+                record(point, skipped)
+                continue
+            bar.set_postfix_str(point.label(), refresh=True)
+            record(point, run_isolated(measure_point, point, point.timeout_s))
 
 
-def _run_side_by_side(points: list[Point], width: int, record: Record, prepare: Prepare, bar) -> None:
+class _Queue:
+    """Points read one at a time from an iterable, with a look at the next one."""
+
+    def __init__(self, points: Iterable[Point]) -> None:
+        self._points = iter(points)
+        self._head: list[Point] = []
+
+    def peek(self) -> Point | None:
+        if not self._head:
+            self._head = [point for point in [next(self._points, None)] if point is not None]
+        return self._head[0] if self._head else None
+
+    def pop(self) -> Point:
+        point = self.peek()
+        assert point is not None
+        self._head = []
+        return point
+
+    def while_parallel(self, width: int) -> Iterator[Point]:
+        """The next points while they run `width` at a time."""
+        while (point := self.peek()) is not None and point.parallel == width:
+            yield self.pop()
+
+
+def _run_side_by_side(points: Iterable[Point], width: int, record: Record, prepare: Prepare, bar) -> None:
     """Up to `width` points at once, each isolated in its own child; rows are recorded here, in this thread, one at
     a time as points finish (so runs.csv has one writer). An interrupt kills the running children before leaving."""
     queue = iter(points)
