@@ -84,7 +84,7 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "best_accuracy",
     "lr",  # peak learning rate the point trained at (the recipe's, or the grid's rate)
     "lr_stage",  # "grid": a learning-rate grid run; "seed": a seed run at the rate the grid chose; "" no grid
-    "lr_source",  # where a rate named per mixer in the config (lr_by_mixer) was chosen, e.g. results/default_lr
+    "lr_source",  # where a rate named per mixer (lr_by_mixer) or taken from another run (lr_from) was chosen
     "val_samples",  # images held out of the training split (seeded by the point's seed) for validation; 0 = none
     "val_accuracy",  # top-1 on that validation split after the last epoch; what a learning-rate grid chooses on
     "trainer",  # loader (DataLoader, per-image transforms) | device (data and augmentation on the device)

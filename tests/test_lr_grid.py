@@ -172,6 +172,65 @@ def test_bad_named_rates_are_refused_with_one_line(tmp_path: Path, capsys, field
     assert message in err and err.count("\n") == 1
 
 
+def lr_from_config(tmp_path: Path, small: str = "", large: str = 'lr_from = "small"\n') -> Path:
+    """Two runs: `small` tunes each mixer's rate on a grid at 16 px / patch 4, `large` trains at patch 8."""
+    text = tiny_sweep.tiny_config(["attention", "linear"], [16]).split("[timing]")[0]
+    text += 'epochs = 1\ndataset = "reach"\nseeds = [0, 1]\n'
+    text += '[timing]\nwarmup = 0\nmin_repeats = 1\nmin_time_s = 0.0\n'
+    text += '[train]\ntrain_samples = 80\nbatch_size = 32\nval_fraction = 0.25\ntrainer = "device"\n'
+    text += f'[[runs]]\nname = "small"\npatch_sizes = [4]\nlr_grid = [1e-3, 3e-3]\n{small}'
+    text += f'[[runs]]\nname = "large"\npatch_sizes = [8]\nseeds = [0]\n{large}'
+    return tiny_sweep.write_config(tmp_path, text)
+
+
+def test_a_run_trains_each_mixer_at_the_rate_another_runs_grid_chose(tmp_path: Path, capsys) -> None:
+    config, out = lr_from_config(tmp_path), tmp_path / "out"
+    assert main(["--config", str(config), "--out", str(out), "--dry-run", "--no-plan"]) == 0
+    plan = capsys.readouterr().out
+    assert "run large: trains on reach for 1 epochs, every mixer at the rate run small's" in plan
+    assert "2 points (2 mixers x 1 preset" in plan and "4 waiting on the grid" in plan  # 2 seeds of small, 2 large
+
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-plan"]) == 0
+    rows = read_rows(out / "runs.csv")
+    grid = [r for r in rows if r["lr_stage"] == "grid"]
+    large = [r for r in rows if r["patch_size"] == "8"]
+    assert len(grid) == 4 and len(large) == 2 and len(rows) == 8
+    for row in large:
+        mine = {float(r["lr"]): float(r["val_accuracy"]) for r in grid if r["mixer"] == row["mixer"]}
+        best = min(lr for lr, v in mine.items() if v == max(mine.values()))  # chosen on validation only
+        assert float(row["lr"]) == best and json.loads(row["train"])["lr"] == best
+        assert row["lr_stage"] == "" and row["lr_source"].startswith("run small of this sweep (its grid at 16 px")
+
+    # The report keeps the grid's choice (its rows share large's recipe) and names where large's rates came from.
+    accuracy = accuracy_rows(load_runs(out / "runs.csv"))
+    assert len(accuracy) == 2 * 2 + 2 and accuracy["train"].nunique() == 1  # small's seeds 0, 1 and large's seed 0
+    summary = (out / "summary.md").read_text()
+    assert "## Learning rate per mixer (chosen on validation, never on test)" in summary
+    assert "## Learning rate per mixer (taken from a grid run, chosen there on validation)" in summary
+    assert "(from run small of this sweep" in summary
+
+
+@pytest.mark.parametrize("small, large, message", [
+    ("", 'lr_from = "big"\n', "run large: lr_from = 'big' names no other run of this config (its runs: small)"),
+    ("", 'lr_from = "large"\n', "names no other run"),
+    ("", 'lr_from = "small"\nlr_grid = [1e-3]\n', "remove lr_grid, lr_by_mixer and train.lr from this run"),
+    ("img_sizes = [16, 32]\n", 'lr_from = "small"\n', "give it one img_size, patch_size and batch_size"),
+    ('mixers = ["attention"]\n', 'lr_from = "small"\n', "that run's grid has no linear (micro)"),
+])
+def test_bad_lr_from_is_refused_with_one_line(tmp_path: Path, capsys, small: str, large: str, message: str) -> None:
+    config = lr_from_config(tmp_path, small, large)
+    assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--dry-run", "--no-plan"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_run_without_a_grid_is_no_source_of_rates(tmp_path: Path, capsys) -> None:
+    config = lr_from_config(tmp_path, large='lr_from = "small"\n').read_text().replace("lr_grid = [1e-3, 3e-3]\n", "")
+    path = tiny_sweep.write_config(tmp_path, config.replace("[train]\n", "[train]\nlr = 1e-3\n"))
+    assert main(["--config", str(path), "--out", str(tmp_path / "out"), "--dry-run", "--no-plan"]) == 2
+    assert "that run has no learning-rate grid to choose from" in capsys.readouterr().err
+
+
 def test_budget_rule_takes_the_fewest_epochs_where_the_best_mixer_reaches_the_target_on_validation() -> None:
     from experiments.report.rates import budget_lines
 

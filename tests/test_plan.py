@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import time
@@ -224,3 +225,30 @@ def test_plan_names_what_it_cannot_predict_and_why() -> None:
     lines = plan_lines(Planner([], [], None, "unknown", DEFAULT_GAP_S), points)
     assert "no point could be predicted" in lines[-2]
     assert lines[-1].startswith("  not predicted, 2 points: no measured row of attention|cpu|float32")
+
+
+def test_the_gpu_accuracy_reference_is_planned_whole_within_twenty_minutes(tmp_path: Path) -> None:
+    """accuracy_gpu must fit the 20 GPU minutes a reference run gets, as the committed H100 rows predict it."""
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", "accuracy_gpu", "--device", "cuda",
+                             "--dry-run", "--out", str(out), "--calibrate-from",
+                             str(REPO / "results" / "gpu_h100" / "runs.csv")],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "rows of " + str(REPO / "results" / "gpu_h100" / "runs.csv") + " (NVIDIA H100" in result.stdout
+    minutes = re.search(r"predicted wall time of the (\d+) points: ([\d.]+) min", result.stdout)
+    assert minutes and "not predicted" not in result.stdout, result.stdout[-2000:]
+    assert float(minutes[2]) <= 20.0
+
+
+def test_training_steps_of_an_npz_come_from_its_size_less_the_validation_split(tmp_path: Path) -> None:
+    from experiments.sweep.plan import _train_steps
+
+    path = tmp_path / "small.npz"
+    np.savez(path, x_train=np.zeros((50, 8, 8, 3), np.uint8), y_train=np.zeros(50, np.uint8),
+             x_test=np.zeros((5, 8, 8, 3), np.uint8), y_test=np.zeros(5, np.uint8))
+    point = Point(mixer="attention", preset="micro", img_size=8, patch_size=4, batch_size=1, dataset="npz",
+                  data_path=str(path), epochs=2, train='{"batch_size":16,"val_fraction":0.2}')
+    assert _train_steps(point) == (2 * 3, 16)  # 50 images less 10 held out: 40 an epoch, 3 steps of 16
+    missing = dataclasses.replace(point, data_path=str(tmp_path / "absent.npz"))
+    assert _train_steps(missing) is None

@@ -10,7 +10,8 @@ import math
 
 import pandas as pd
 
-from ..lr_grid import GRID_STAGE, RateChoice, choose_rates, format_rate, rate_group, rate_of, recipe_without_rate
+from ..lr_grid import (GRID_STAGE, SEED_STAGE, RateChoice, choose_rates, format_rate, rate_group, rate_of,
+                       recipe_without_rate)
 from ..schema import KEY_COLUMNS
 from .crossover import mixer_rank
 
@@ -42,8 +43,11 @@ def without_named_rates(runs: pd.DataFrame) -> pd.DataFrame:
         return runs
     shared = {recipe_without_rate(str(t)) for t in runs.loc[named, "train"]}
     bare = [recipe_without_rate(str(t)) for t in runs["train"]]
-    trains = zip(runs["train"], bare, runs["epochs"])
-    return runs.assign(train=[b if b in shared and epochs > 0 else t for t, b, epochs in trains])
+    # A grid's own rows keep their rate: `at_chosen_rates` reads it to choose (a run with lr_from shares the recipe).
+    stages = runs["lr_stage"].fillna("").astype(str) if "lr_stage" in runs else pd.Series("", index=runs.index)
+    trains = zip(runs["train"], bare, runs["epochs"], stages)
+    return runs.assign(train=[b if b in shared and epochs > 0 and stage not in (GRID_STAGE, SEED_STAGE) else t
+                              for t, b, epochs, stage in trains])
 
 
 def at_chosen_rates(runs: pd.DataFrame) -> pd.DataFrame:
@@ -68,9 +72,10 @@ def named_rate_lines(runs: pd.DataFrame) -> list[str]:
     named = runs[named_rows(runs) & (runs["epochs"] > 0)]
     if named.empty:
         return []
-    lines = ["## Learning rate per mixer (named in the config, chosen elsewhere on validation)", "",
-             "The config names each mixer's peak learning rate (`lr_by_mixer`), chosen by the grid run it cites "
-             "(`lr_source`), on that run's validation split; this sweep chose nothing itself.", ""]
+    lines = ["## Learning rate per mixer (taken from a grid run, chosen there on validation)", "",
+             "These points train at a peak learning rate chosen by the grid named beside it (`lr_source`), on that "
+             "grid's validation split: a committed run the config names per mixer (`lr_by_mixer`), or a run of this "
+             "sweep at another size (`lr_from`).", ""]
     for (mixer, source), rows in sorted(named.groupby(["mixer", "lr_source"]),
                                         key=lambda item: (mixer_rank(item[0][0]), item[0])):
         rates = ", ".join(format_rate(float(r)) for r in sorted(rows["lr"].dropna().unique()))
@@ -85,6 +90,7 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
     choices = rate_choices(runs)
     if not choices:
         return named_rate_lines(runs)
+    named = named_rate_lines(runs)  # runs with lr_from, beside the grid they take their rates from
     seeds = sorted({int(s) for s in grid["seed"]})
     lines = ["## Learning rate per mixer (chosen on validation, never on test)", "",
              f"Each setting trained once per rate of its grid at seed(s) {', '.join(map(str, seeds))}, on the "
@@ -104,7 +110,7 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
         lines.append(f"- {row['mixer']} ({row['dataset']}, {int(row['img_size'])} px, patch {int(row['patch_size'])}, "
                      f"{epochs} epoch{'s' * (epochs != 1)}):"
                      f" lr {format_rate(choice.lr)} (validation accuracy {curve}{failed}; {val} validation images)")
-    return lines + [""]
+    return lines + [""] + named
 
 
 # The budget rule of a grid swept over epochs, fixed before any such run (experiments/configs/default_lr.toml): the

@@ -100,6 +100,10 @@ class SweepConfig:
     # were chosen (e.g. "results/default_lr"), so every table can name it.
     lr_by_mixer: dict = field(default_factory=dict)
     lr_source: str = ""
+    # In a [[runs]] table: the name of another run of this config whose learning-rate grid chooses this run's rate
+    # for each mixer (tune once per mixer and data set at one size, train the other sizes at that rate). The run's
+    # points wait for that grid's rows, like the seeds of a grid (experiments/sweep/lr_stages.py).
+    lr_from: str = ""
     runs: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
@@ -135,8 +139,38 @@ class SweepConfig:
         return union_points(self.run_points(available_mixers))
 
     def run_points(self, available_mixers: list[str]) -> list[list[Point]]:
-        """The points of each run, in the order of `run_configs` (two runs may share a point); validated."""
+        """The points of each run, in the order of `run_configs` (two runs may share a point); validated.
+        A run with `lr_from` has none here: its points wait on the other run's grid."""
+        self.check_lr_from(available_mixers)
         return [config._grid(available_mixers) for config in self.run_configs()]
+
+    def lr_source_run(self, run: SweepConfig) -> SweepConfig:
+        """The run whose grid chooses `run`'s rates (`run.lr_from`, checked by `check_lr_from`)."""
+        return self.run_configs()[self.run_names().index(run.lr_from)]
+
+    def check_lr_from(self, available_mixers: list[str]) -> None:
+        """Refuses an `lr_from` that names no run with a grid of one size, or one whose grid lacks a mixer."""
+        names, runs = self.run_names(), self.run_configs()
+        for name, run in zip(names, runs):
+            if not run.lr_from:
+                continue
+            where = f"run {name}: lr_from = {run.lr_from!r}"
+            if not self.runs or run.lr_from not in names or run.lr_from == name:
+                others = ", ".join(n for n in names if n != name) or "none"
+                raise ConfigError(f"{where} names no other run of this config (its runs: {others})")
+            source = runs[names.index(run.lr_from)]
+            if not (source.epochs and source.lr_grid):
+                raise ConfigError(f"{where}: that run has no learning-rate grid to choose from; give it lr_grid")
+            if source.lr_from:
+                raise ConfigError(f"{where}: that run takes its rates from another run; name the one with the grid")
+            if len(source.img_sizes) * len(source.patch_sizes) * len(source.batch_sizes) != 1:
+                raise ConfigError(f"{where}: that run's grid covers several sizes, so it chooses several rates per "
+                                  "mixer; give it one img_size, patch_size and batch_size")
+            missing = sorted({(m, p) for m in run.mixers or available_mixers for p in run.presets}
+                             - {(m, p) for m in source.mixers or available_mixers for p in source.presets})
+            if missing:
+                raise ConfigError(f"{where}: that run's grid has no {missing[0][0]} ({missing[0][1]}) to choose "
+                                  "its rate; add it to that run or leave it out of this one")
 
     def run_names(self) -> list[str]:
         """A name per run: its table's `name`, else `runs[i]`; the config's own name when it has no runs."""
@@ -197,6 +231,8 @@ class SweepConfig:
         experiments/sweep/lr_stages.py)."""
         if not self.epochs:  # time and memory do not depend on the initial weights' values: one seed
             return [(self.seeds[0], "{}", "")]
+        if self.lr_from:  # planned once the other run's grid has chosen (lr_stages.seed_points)
+            return []
         if not self.lr_grid:
             recipe = {**self.train, "lr": self.lr_by_mixer[mixer]} if mixer in self.lr_by_mixer else self.train
             return [(seed, canonical_json(recipe), "") for seed in self.seeds]
@@ -210,6 +246,9 @@ class SweepConfig:
             return
         if self.lr_by_mixer:
             _check_lr_by_mixer(self)
+        if self.lr_from and (self.lr_grid or self.lr_by_mixer or "lr" in self.train):
+            raise ConfigError("lr_from takes each mixer's rate from another run's grid: remove lr_grid, "
+                              "lr_by_mixer and train.lr from this run (or lr_from)")
         if self.lr_grid:
             _check_lr_grid(self)
         if not self.dataset:
@@ -599,14 +638,19 @@ def describe_runs(config: SweepConfig, available_mixers: list[str], run_points: 
         factors = [_count(len(run.mixers or available_mixers), "mixer"), _count(len(run.presets), "preset"),
                    _count(len(run.img_sizes), "image size"), _count(len(run.patch_sizes), "patch size"),
                    _count(len(run.batch_sizes), "batch size")]
-        if run.epochs and run.lr_grid:  # the grid first; the other seeds wait for each setting's chosen rate
+        if run.epochs and run.lr_from:  # every point waits for the other run's grid
+            factors.append(_count(len(run.seeds), "seed"))
+            what += (f", every mixer at the rate run {run.lr_from}'s learning-rate grid chooses for it on validation "
+                     "(its points wait on that grid, listed below once planned)")
+        elif run.epochs and run.lr_grid:  # the grid first; the other seeds wait for each setting's chosen rate
             factors += [_count(len(run.lr_grid), "rate"), _count(len(run.grid_seeds), "seed")]
             what += (f"; a learning-rate grid first, then seeds {', '.join(map(str, run.seeds))} at each setting's "
                      "rate chosen on validation (listed below once planned)")
         else:
             factors.append(_count(seeds, "seed"))
         options = ", ".join(flag_to_option(k) for k in flags) or "none"
-        lines.append(f"run {name}: {what}, {len(points)} points ({' x '.join(factors)}); flags taken: {options}")
+        count = math.prod(int(f.split()[0]) for f in factors) if run.epochs and run.lr_from else len(points)
+        lines.append(f"run {name}: {what}, {count} points ({' x '.join(factors)}); flags taken: {options}")
     return lines
 
 

@@ -1,5 +1,8 @@
 """The two stages of a sweep with a learning-rate grid: the grid, then the seeds at each setting's chosen rate.
 
+A run may instead take each mixer's rate from another run's grid (`lr_from`: tuned at one size, trained at the
+others): its points too wait for that grid, and then carry the rate and where it came from (`lr_source`).
+
 Stage one is ordinary points (`SweepConfig.points`: every grid rate at the grid seeds, `lr_stage = "grid"`). The
 seed points of a setting exist only once all its grid rows are in runs.csv: `seed_points` reads them, chooses the
 rate on validation accuracy (`experiments.lr_grid.choose_rate`) and plans the other seeds at it
@@ -34,7 +37,8 @@ class SeedStage:
 
 
 def seed_points(config: SweepConfig, mixers: list[str], done: dict[tuple[str, ...], dict]) -> SeedStage:
-    """The seed stage of every run of `config` with a learning-rate grid, given the rows in runs.csv.
+    """The seed stage of every run of `config` with a learning-rate grid, and the points of every run that takes
+    its rates from another run's grid (`lr_from`), given the rows in runs.csv.
 
     Args:
         config: the sweep.
@@ -42,36 +46,75 @@ def seed_points(config: SweepConfig, mixers: list[str], done: dict[tuple[str, ..
         done: the latest row per key (`runs_file.latest_by_key`).
     """
     stage = SeedStage()
-    for run in config.run_configs():
-        rest = tuple(s for s in run.seeds if s not in run.grid_seeds)
-        if not run.lr_grid or not run.epochs or not rest:
+    # run name -> {(mixer, preset): the setting's choice, None while its grid waits on rows, or "failed"}
+    chosen: dict[str, dict[tuple[str, str], RateChoice | str | None]] = {}
+    for name, run in zip(config.run_names(), config.run_configs()):
+        if not run.lr_grid or not run.epochs:
             continue
+        rest = tuple(s for s in run.seeds if s not in run.grid_seeds)
         settings: dict[tuple[str, ...], list[Point]] = {}
         for point in run._grid(mixers):
             settings.setdefault(rate_group(asdict(point)), []).append(point)
         for members in settings.values():
             first = members[0]
-            single = dataclasses.replace(
-                run, seeds=rest, lr_grid=(), lr_grid_seeds=(), mixers=(first.mixer,), presets=(first.preset,),
-                img_sizes=(first.img_size,), patch_sizes=(first.patch_size,), batch_sizes=(first.batch_size,))
+            single = _single(run, first, rest)
             rows = [done.get(p.key) for p in members]
-            if any(row is None for row in rows):
-                placeholder = dataclasses.replace(single, train={**run.train, "lr": run.lr_grid[0]})
-                stage.waiting += [dataclasses.replace(p, lr_stage="seed?") for p in placeholder._grid(mixers)]
-                continue
-            values: dict[float, list[object]] = {}
-            for point, row in zip(members, rows):
-                values.setdefault(rate_of(point.train), []).append(
-                    row.get("val_accuracy") if row.get("status") == "ok" else None)
-            choice = choose_rate(values)
+            choice = _choose(members, rows)
+            chosen.setdefault(name, {})[(first.mixer, first.preset)] = choice
             label = dataclasses.replace(first, lr_stage="").label()
             if choice is None:
+                if rest:
+                    placeholder = dataclasses.replace(single, train={**run.train, "lr": run.lr_grid[0]})
+                    stage.waiting += [dataclasses.replace(p, lr_stage="seed?") for p in placeholder._grid(mixers)]
+            elif choice == "failed":
                 stage.failed.append(label)
-                continue
-            stage.choices.append((label, choice))
-            chosen = dataclasses.replace(single, train={**run.train, "lr": choice.lr})
-            stage.ready += [dataclasses.replace(p, lr_stage="seed") for p in chosen._grid(mixers)]
+            else:
+                stage.choices.append((label, choice))
+                if rest:
+                    at_rate = dataclasses.replace(single, train={**run.train, "lr": choice.lr})
+                    stage.ready += [dataclasses.replace(p, lr_stage="seed") for p in at_rate._grid(mixers)]
+    for name, run in zip(config.run_names(), config.run_configs()):
+        if run.lr_from and run.epochs:
+            _taken_from(config.lr_source_run(run), run, name, chosen.get(run.lr_from, {}), mixers, stage)
     return stage
+
+
+def _single(run: SweepConfig, point: Point, seeds: tuple[int, ...]) -> SweepConfig:
+    """`run` narrowed to the setting of `point`, at `seeds`, without a grid."""
+    return dataclasses.replace(
+        run, seeds=seeds or run.seeds, lr_grid=(), lr_grid_seeds=(), mixers=(point.mixer,), presets=(point.preset,),
+        img_sizes=(point.img_size,), patch_sizes=(point.patch_size,), batch_sizes=(point.batch_size,))
+
+
+def _choose(members: list[Point], rows: list[dict | None]) -> RateChoice | str | None:
+    """The choice of one setting from its grid rows: None while a row is missing, "failed" if every rate failed."""
+    if any(row is None for row in rows):
+        return None
+    values: dict[float, list[object]] = {}
+    for point, row in zip(members, rows):
+        value = row.get("val_accuracy") if row.get("status") == "ok" else None
+        values.setdefault(rate_of(point.train), []).append(value)
+    return choose_rate(values) or "failed"
+
+
+def _taken_from(source: SweepConfig, run: SweepConfig, name: str, chosen: dict, mixers: list[str],
+                stage: SeedStage) -> None:
+    """Adds the points of `run` (named `name`), whose rates `source`'s grid chooses per mixer, to `stage`."""
+    where = f"{source.img_sizes[0]} px, patch {source.patch_sizes[0]}"
+    for mixer in run.mixers or mixers:
+        for preset in run.presets:
+            choice = chosen.get((mixer, preset))
+            narrowed = dataclasses.replace(run, mixers=(mixer,), presets=(preset,), lr_from="")
+            if choice is None:  # the grid waits on rows: placeholders at its first rate
+                placeholder = dataclasses.replace(narrowed, train={**run.train, "lr": source.lr_grid[0]})
+                stage.waiting += [dataclasses.replace(p, lr_stage="seed?") for p in placeholder._grid(mixers)]
+            elif choice == "failed":
+                stage.failed.append(f"{mixer} {preset} of run {name} (taken from run {run.lr_from})")
+            else:
+                at_rate = dataclasses.replace(
+                    narrowed, lr_by_mixer={mixer: choice.lr},
+                    lr_source=f"run {run.lr_from} of this sweep (its grid at {where}, chosen on validation)")
+                stage.ready += at_rate._grid(mixers)
 
 
 def stage_lines(config: SweepConfig, points: list[Point], stage: SeedStage) -> list[str]:
@@ -83,9 +126,10 @@ def stage_lines(config: SweepConfig, points: list[Point], stage: SeedStage) -> l
         rates = sorted({rate_of(p.train) for p in grid})
         lines.append(
             f"learning-rate grid: {len(grid)} points (rates {', '.join(format_rate(r) for r in rates)}), chosen per "
-            f"setting on val_accuracy; then {len(stage.ready) + len(stage.waiting)} seed points at each setting's "
-            f"rate ({len(stage.ready)} chosen from rows in runs.csv, {len(stage.waiting)} waiting on the grid, "
-            "planned at its first rate: a rate does not change a point's cost)")
+            f"setting on val_accuracy; then {len(stage.ready) + len(stage.waiting)} points at the chosen rates "
+            f"(the other seeds, and runs that take a grid's rate with lr_from): {len(stage.ready)} chosen from rows "
+            f"in runs.csv, {len(stage.waiting)} waiting on the grid, planned at its first rate (a rate does not "
+            "change a point's cost)")
     for label, choice in stage.choices:
         curve = ", ".join(f"{format_rate(r)}: {100 * v:.1f}%" for r, v in choice.val_accuracy.items())
         lines.append(f"  chosen lr={format_rate(choice.lr)} for {label} (validation accuracy {curve})")

@@ -15,6 +15,7 @@ A point the planner cannot predict is named in the plan with the reason (`Planne
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -71,15 +72,44 @@ def protocol_seconds(ms: float, protocol: TimingProtocol) -> float:
     return (protocol.warmup + repeats + 1) * t
 
 
-def _train_steps(point: Point) -> tuple[int, int] | None:
-    """(optimizer steps of the whole training, images per step), or None if the data set size is unknown."""
+def _train_steps(point: Point, used: int | None = None) -> tuple[int, int] | None:
+    """(optimizer steps of the whole training, images per step), or None if the data set size is unknown.
+
+    Args:
+        used: the training images a measured row trained on (its `train_samples`, validation split removed).
+    """
     from ..train.recipe import TrainRecipe
     from .costmodel import json_loads
 
     recipe = TrainRecipe(epochs=point.epochs, **json_loads(point.train))
-    if not recipe.train_samples:
+    if used:
+        return point.epochs * math.ceil(used / recipe.batch_size), recipe.batch_size
+    samples = recipe.train_samples or (_npz_train_images(point.data_path) if point.dataset == "npz" else None)
+    if not samples:
         return None
-    return point.epochs * math.ceil(recipe.train_samples / recipe.batch_size), recipe.batch_size
+    if recipe.val_fraction:  # the validation split is held out of the steps (experiments/train/validation.py)
+        samples -= max(1, round(recipe.val_fraction * samples))
+    return point.epochs * math.ceil(samples / recipe.batch_size), recipe.batch_size
+
+
+def _positive_int(cell: object) -> int | None:
+    try:
+        value = int(float(cell))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if value > 0 else None
+
+
+@functools.lru_cache(maxsize=None)
+def _npz_train_images(data_path: str) -> int | None:
+    """How many training images an .npz data set holds (its labels are read, not its images), None if unreadable."""
+    import numpy as np
+
+    try:
+        with np.load(data_path, allow_pickle=False) as f:
+            return len(f["y_train"])
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 class Planner:
@@ -157,7 +187,8 @@ class Planner:
         for point, row in self.samples:
             if point.epochs <= 0 or not row.get("point_seconds"):
                 continue
-            base, without = self._train_base_s(point), self._point_s_without_training(point)
+            used = _positive_int(row.get("train_samples"))
+            base, without = self._train_base_s(point, used), self._point_s_without_training(point)
             if base is None or without is None:  # no cost rows yet to split the point's time (a resumed training run)
                 continue
             spent = float(row["point_seconds"]) - without
@@ -198,7 +229,8 @@ class Planner:
                         "(not a dry run) calibrates it, or give --calibrate-from a runs.csv of this device")
             return f"no row of {group} (no {point.device} here): give --calibrate-from a runs.csv of that device"
         if point.epochs > 0 and _train_steps(point) is None:
-            return "training time: the recipe sets no train_samples, so the steps per epoch are unknown"
+            return ("training time: the recipe sets no train_samples (and the data set's size is not read from an "
+                    ".npz), so the steps per epoch are unknown")
         return "training time: no training step of this mixer at the training batch could be predicted"
 
     def _point_s_without_training(self, point: Point) -> float | None:
@@ -214,8 +246,8 @@ class Planner:
             seconds += protocol_seconds(step, point.timing)
         return seconds
 
-    def _train_base_s(self, point: Point) -> float | None:
-        steps = _train_steps(point)
+    def _train_base_s(self, point: Point, used: int | None = None) -> float | None:
+        steps = _train_steps(point, used)
         if steps is None:
             return None
         count, batch = steps
