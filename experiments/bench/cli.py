@@ -34,12 +34,21 @@ def int_at_least(minimum: int, maximum: int = 2**31 - 1) -> Callable[[str], int]
     return parse
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
+def positive_number(unit: str = "") -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 (of `unit`, which the message names: "minutes")."""
+    what = f"a finite number of {unit} > 0" if unit else "a finite number > 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):  # 0, negative or NaN would run nothing, or run for ever
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+positive_float = positive_number()

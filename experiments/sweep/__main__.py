@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..bench.cli import positive_number
 from ..measure.point import Point, point_group
 from ..schema import KEY_COLUMNS
 from ..train.datasets import DATASET_NAMES, DatasetError
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "uncommitted changes; its rows say dirty=True")
     parser.add_argument("--dry-run", action="store_true",
                         help="print each point's predicted latency, memory and time, and the sweep's total, and stop")
-    parser.add_argument("--budget-minutes", type=_minutes, default=None, metavar="M",
+    parser.add_argument("--budget-minutes", type=positive_number("minutes"), default=None, metavar="M",
                         help="run the most informative points first (coarse sizes of every curve) and stop before M "
                              "minutes are spent; rerun the same command to continue (every run makes at least "
                              "one point, even one predicted to take longer)")
@@ -131,17 +132,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="training points save their final weights to <out>/weights/<key hash>.safetensors, "
                              "for `python -m experiments.playground --weights <out>`")
     return parser
-
-
-def _minutes(text: str) -> float:
-    """A budget in minutes: a finite number > 0 (0, a negative or NaN budget would run nothing, or run for ever)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of minutes > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of minutes > 0, got {text!r}")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
