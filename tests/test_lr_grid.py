@@ -216,6 +216,7 @@ def test_a_run_trains_each_mixer_at_the_rate_another_runs_grid_chose(tmp_path: P
     ("", 'lr_from = "small"\nlr_grid = [1e-3]\n', "remove lr_grid, lr_by_mixer and train.lr from this run"),
     ("img_sizes = [16, 32]\n", 'lr_from = "small"\n', "give it one img_size, patch_size and batch_size"),
     ('mixers = ["attention"]\n', 'lr_from = "small"\n', "that run's grid has no linear (micro)"),
+    ("", 'lr_from = "small"\noverrides = { "*" = { depth = 2 } }\n', "give both runs the same overrides"),
 ])
 def test_bad_lr_from_is_refused_with_one_line(tmp_path: Path, capsys, small: str, large: str, message: str) -> None:
     config = lr_from_config(tmp_path, small, large)

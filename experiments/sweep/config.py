@@ -166,6 +166,9 @@ class SweepConfig:
             if len(source.img_sizes) * len(source.patch_sizes) * len(source.batch_sizes) != 1:
                 raise ConfigError(f"{where}: that run's grid covers several sizes, so it chooses several rates per "
                                   "mixer; give it one img_size, patch_size and batch_size")
+            if run.overrides != source.overrides:
+                raise ConfigError(f"{where}: that run builds other models (its overrides differ), and a rate chosen "
+                                  "for one model is not another's; give both runs the same overrides")
             missing = sorted({(m, p) for m in run.mixers or available_mixers for p in run.presets}
                              - {(m, p) for m in source.mixers or available_mixers for p in source.presets})
             if missing:
