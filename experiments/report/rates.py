@@ -73,9 +73,9 @@ def named_rate_lines(runs: pd.DataFrame) -> list[str]:
     if named.empty:
         return []
     lines = ["## Learning rate per mixer (taken from a grid run, chosen there on validation)", "",
-             "These points train at a peak learning rate chosen by the grid named beside it (`lr_source`), on that "
-             "grid's validation split: a committed run the config names per mixer (`lr_by_mixer`), or a run of this "
-             "sweep at another size (`lr_from`).", ""]
+             "These points train at a peak learning rate chosen on validation by the grid named beside each mixer "
+             "(`lr_source`): a committed run the config names per mixer (`lr_by_mixer`), or another run of this "
+             "sweep, at another size (`lr_from`).", ""]
     for (mixer, source), rows in sorted(named.groupby(["mixer", "lr_source"]),
                                         key=lambda item: (mixer_rank(item[0][0]), item[0])):
         rates = ", ".join(format_rate(float(r)) for r in sorted(rows["lr"].dropna().unique()))
