@@ -252,3 +252,21 @@ def test_training_steps_of_an_npz_come_from_its_size_less_the_validation_split(t
     assert _train_steps(point) == (2 * 3, 16)  # 50 images less 10 held out: 40 an epoch, 3 steps of 16
     missing = dataclasses.replace(point, data_path=str(tmp_path / "absent.npz"))
     assert _train_steps(missing) is None
+
+
+def test_points_that_run_side_by_side_form_one_pool_after_the_others_longest_first() -> None:
+    from experiments.sweep.plan import side_by_side_order
+
+    cost = _points([16, 32]) + _points([16], "mamba")
+    training = [dataclasses.replace(p, epochs=1, dataset="reach", parallel=2, seed=seed)
+                for p in _points([16]) + _points([16], "mamba") for seed in (0, 1)]
+    points = [cost[0], training[0], cost[1], training[1], training[2], cost[2], training[3]]
+
+    class Seconds:  # mamba's trainings predicted longest, attention's unknown
+        def predict(self, point: Point) -> Prediction:
+            return _prediction(point, seconds=60.0 if point.mixer == "mamba" and point.epochs else None)
+
+    order = side_by_side_order(points, Seconds())
+    assert order[:3] == cost  # the cost points keep their order
+    assert [(p.mixer, p.seed) for p in order[3:]] == [("mamba", 0), ("mamba", 1), ("attention", 0), ("attention", 1)]
+    assert side_by_side_order(points, None)[3:] == training  # nothing predicted: the order they came in

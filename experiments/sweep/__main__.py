@@ -23,7 +23,7 @@ from .config import (GRID_FIELDS, SWEEP_FIELDS, ConfigError, SweepConfig, _diges
                      config_from_dict, describe_runs, flag_built_values, flag_to_option, load_config, named_configs,
                      union_points)
 from .lr_stages import seed_points, stage_lines
-from .plan import Budget, Planner, budget_order, load_note, plan_lines
+from .plan import Budget, Planner, budget_order, load_note, plan_lines, side_by_side_order
 from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
 from .device_peak import with_device_peak
 from .out_dir import OutDirError, SweepLock, check_out_dir
@@ -298,6 +298,8 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     if budget:  # ordered over the whole sweep, so a resumed run continues the same sequence
         pending = {p.key for p in todo}
         todo = [p for p in budget_order(points, {p.key: planner.predict(p) for p in points}) if p.key in pending]
+    else:
+        todo = side_by_side_order(todo, planner)
     wanted_train_step = {p.key: p.measure_train_step for p in todo}
     launcher = make_launcher(config, slurm_partition, max((p.timeout_s for p in todo), default=0.0))
     bar = PlannedProgress(todo, planner, progress)
@@ -489,7 +491,10 @@ def _dry_run(config: SweepConfig, run_points: list[list[Point]], args: argparse.
         print(f"(--no-plan: nothing measured, no cost predicted; {load_note()})")
         return 0
     planner = _build_planner(config, points, args)
-    order = budget_order(points, {p.key: planner.predict(p) for p in points}) if args.budget_minutes else points
+    if args.budget_minutes:
+        order = budget_order(points, {p.key: planner.predict(p) for p in points})
+    else:
+        order = side_by_side_order(points, planner)
     print("\n".join(plan_lines(planner, points, order, args.budget_minutes) + stage_lines(config, points, stage)))
     print(f"(planned in {time.perf_counter() - started:.1f} s; {load_note()})")
     return 0

@@ -438,6 +438,20 @@ def bisection_ranks(count: int) -> list[int]:
     return ranks
 
 
+def side_by_side_order(points: list[Point], planner: Planner | None) -> list[Point]:
+    """`points` with those that run side by side (CPU training, `parallel` > 1) moved after the others, into one
+    pool, longest predicted first: a pool per mixer left each mixer's last seed running alone with a core idle,
+    and longest-first keeps a long point from starting last (points without a prediction keep their order)."""
+    alone = [p for p in points if p.parallel <= 1]
+    together = [p for p in points if p.parallel > 1]
+
+    def longest_first(p: Point) -> tuple[int, float]:
+        seconds = planner.predict(p).point_s if planner else None
+        return -p.parallel, -(seconds or 0.0)
+
+    return alone + sorted(together, key=longest_first)
+
+
 def budget_order(points: list[Point], predictions: dict[tuple, Prediction]) -> list[Point]:
     """Coarse first: round r runs the rank-r size of every group (smallest, largest that is predicted to fit,
     the middle, then the quarters...). Sizes predicted not to fit come last in their group, ascending, so the
