@@ -254,3 +254,15 @@ def test_budget_rule_takes_the_fewest_epochs_where_the_best_mixer_reaches_the_ta
     assert "| 4 (chosen) | 93.0% | 3e-3: 93.0% | 1e-3: 55.0% |" in text
     assert "no budget reached" in "\n".join(budget_lines(frame, target=1.01))
     assert budget_lines(frame[frame["epochs"] == 2]) == []  # one budget: no rule to apply
+
+
+def test_erf_maps_are_those_at_the_chosen_rates_in_one_figure() -> None:
+    from experiments.report.erf import maps_at_chosen_rates
+    from experiments.schema import KEY_COLUMNS
+
+    runs = pd.DataFrame(ROWS)
+    maps = pd.DataFrame([{**{c: row.get(c, "") for c in KEY_COLUMNS}, "stage": "trained", "map": None}
+                         for row in ROWS])
+    kept = maps_at_chosen_rates(maps, runs)
+    assert sorted(zip(kept["mixer"], kept["seed"])) == [("attention", 0), ("attention", 1), ("linear", 0)]
+    assert kept["train"].nunique() == 1 and "lr" not in json.loads(kept["train"].iloc[0])  # one figure

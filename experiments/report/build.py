@@ -28,7 +28,7 @@ from .manifest import (
 )
 from .claims import write_claims
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
-from .erf import erf_figures, erf_tables, load_maps, outdated_maps_line
+from .erf import erf_figures, erf_tables, load_maps, maps_at_chosen_rates, outdated_maps_line
 from .plots_accuracy import accuracy_figures
 from .plots_accuracy_n import accuracy_n_figures
 from .plots_lr import lr_figures
@@ -218,7 +218,7 @@ def _write_outputs(runs: pd.DataFrame, sweep_dir: Path, tables_dir: Path,
         tables += report_tables.write_table(*reach, tables_dir / "reach", TABLE_CAPTIONS["reach"])
         tables += report_tables.write_table(*separation_tables(runs), tables_dir / "reach_separations",
                                             TABLE_CAPTIONS["reach_separations"])
-    erf_maps = load_maps(sweep_dir, runs)
+    erf_maps = maps_at_chosen_rates(load_maps(sweep_dir, runs), runs)
     if not erf_maps.empty:
         tables += report_tables.write_table(*erf_tables(erf_maps), tables_dir / "erf", TABLE_CAPTIONS["erf"])
     figures = write_figures(runs, exponents, crossovers, figures_dir, curves)

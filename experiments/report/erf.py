@@ -61,6 +61,27 @@ def load_maps(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame.from_records(records)
 
 
+def maps_at_chosen_rates(maps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """The maps of the rows the accuracy tables use (each setting at its rate chosen on validation, or named per
+    mixer: `rates.at_chosen_rates`), with the rate taken out of `train`, so one figure shows every mixer at its own
+    rate instead of one figure per rate of a grid."""
+    from .rates import at_chosen_rates
+
+    if maps.empty:
+        return maps
+    ok = runs[runs["status"] == "ok"]
+    chosen = at_chosen_rates(ok)
+
+    def key(row) -> tuple[str, ...]:
+        return tuple(_key_text(row.get(c, "")) for c in KEY_COLUMNS)
+
+    train_by_key = {key(ok.loc[index]): train for index, train in zip(chosen.index, chosen["train"])}
+    keys = [key(row) for row in maps.to_dict("records")]
+    kept = maps[[k in train_by_key for k in keys]].copy()
+    kept["train"] = [train_by_key[k] for k in keys if k in train_by_key]
+    return kept
+
+
 def outdated_maps_line(sweep_dir: Path, runs: pd.DataFrame) -> str:
     """A summary line saying how many maps of ok points were left out for an earlier method, or ""."""
     outdated = sum(method != ERF_METHOD for *_, method in _map_files(sweep_dir, runs))
