@@ -144,10 +144,6 @@ class SweepConfig:
         self.check_lr_from(available_mixers)
         return [config._grid(available_mixers) for config in self.run_configs()]
 
-    def lr_source_run(self, run: SweepConfig) -> SweepConfig:
-        """The run whose grid chooses `run`'s rates (`run.lr_from`, checked by `check_lr_from`)."""
-        return self.run_configs()[self.run_names().index(run.lr_from)]
-
     def check_lr_from(self, available_mixers: list[str]) -> None:
         """Refuses an `lr_from` that names no run with a grid of one size, or one whose grid lacks a mixer."""
         names, runs = self.run_names(), self.run_configs()
@@ -638,9 +634,10 @@ def describe_runs(config: SweepConfig, available_mixers: list[str], run_points: 
     for name, run, points, flags in zip(config.run_names(), config.run_configs(), run_points, taken):
         what = f"trains on {run.dataset} for {run.epochs} epochs" if run.epochs else "cost only"
         seeds = len(run.seeds) if run.epochs else 1  # a cost point runs once, with the first seed
-        factors = [_count(len(run.mixers or available_mixers), "mixer"), _count(len(run.presets), "preset"),
-                   _count(len(run.img_sizes), "image size"), _count(len(run.patch_sizes), "patch size"),
-                   _count(len(run.batch_sizes), "batch size")]
+        sizes = [len(run.mixers or available_mixers), len(run.presets), len(run.img_sizes), len(run.patch_sizes),
+                 len(run.batch_sizes)]
+        factors = [_count(n, noun) for n, noun in zip(sizes, ("mixer", "preset", "image size", "patch size",
+                                                              "batch size"))]
         if run.epochs and run.lr_from:  # every point waits for the other run's grid
             factors.append(_count(len(run.seeds), "seed"))
             what += (f", every mixer at the rate run {run.lr_from}'s learning-rate grid chooses for it on validation "
@@ -652,7 +649,7 @@ def describe_runs(config: SweepConfig, available_mixers: list[str], run_points: 
         else:
             factors.append(_count(seeds, "seed"))
         options = ", ".join(flag_to_option(k) for k in flags) or "none"
-        count = math.prod(int(f.split()[0]) for f in factors) if run.epochs and run.lr_from else len(points)
+        count = math.prod(sizes) * len(run.seeds) if run.epochs and run.lr_from else len(points)
         lines.append(f"run {name}: {what}, {count} points ({' x '.join(factors)}); flags taken: {options}")
     return lines
 

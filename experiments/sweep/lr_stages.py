@@ -48,7 +48,11 @@ def seed_points(config: SweepConfig, mixers: list[str], done: dict[tuple[str, ..
     stage = SeedStage()
     # run name -> {(mixer, preset): the setting's choice, None while its grid waits on rows, or "failed"}
     chosen: dict[str, dict[tuple[str, str], RateChoice | str | None]] = {}
-    for name, run in zip(config.run_names(), config.run_configs()):
+    runs = list(zip(config.run_names(), config.run_configs()))
+    first_named: dict[str, SweepConfig] = {}
+    for name, run in runs:
+        first_named.setdefault(name, run)  # as check_lr_from reads a name (run names may repeat)
+    for name, run in runs:
         if not run.lr_grid or not run.epochs:
             continue
         rest = tuple(s for s in run.seeds if s not in run.grid_seeds)
@@ -57,33 +61,33 @@ def seed_points(config: SweepConfig, mixers: list[str], done: dict[tuple[str, ..
             settings.setdefault(rate_group(asdict(point)), []).append(point)
         for members in settings.values():
             first = members[0]
-            single = _single(run, first, rest)
             rows = [done.get(p.key) for p in members]
             choice = _choose(members, rows)
             chosen.setdefault(name, {})[(first.mixer, first.preset)] = choice
             label = dataclasses.replace(first, lr_stage="").label()
             if choice is None:
                 if rest:
-                    placeholder = dataclasses.replace(single, train={**run.train, "lr": run.lr_grid[0]})
+                    placeholder = _single(run, first, rest, run.lr_grid[0])
                     stage.waiting += [dataclasses.replace(p, lr_stage="seed?") for p in placeholder._grid(mixers)]
             elif choice == "failed":
                 stage.failed.append(label)
             else:
                 stage.choices.append((label, choice))
                 if rest:
-                    at_rate = dataclasses.replace(single, train={**run.train, "lr": choice.lr})
+                    at_rate = _single(run, first, rest, choice.lr)
                     stage.ready += [dataclasses.replace(p, lr_stage="seed") for p in at_rate._grid(mixers)]
-    for name, run in zip(config.run_names(), config.run_configs()):
+    for name, run in runs:
         if run.lr_from and run.epochs:
-            _taken_from(config.lr_source_run(run), run, name, chosen.get(run.lr_from, {}), mixers, stage)
+            _taken_from(first_named[run.lr_from], run, name, chosen.get(run.lr_from, {}), mixers, stage)
     return stage
 
 
-def _single(run: SweepConfig, point: Point, seeds: tuple[int, ...]) -> SweepConfig:
-    """`run` narrowed to the setting of `point`, at `seeds`, without a grid."""
+def _single(run: SweepConfig, point: Point, seeds: tuple[int, ...], lr: float) -> SweepConfig:
+    """`run` narrowed to the setting of `point`, at `seeds` and rate `lr`, without a grid."""
     return dataclasses.replace(
-        run, seeds=seeds or run.seeds, lr_grid=(), lr_grid_seeds=(), mixers=(point.mixer,), presets=(point.preset,),
-        img_sizes=(point.img_size,), patch_sizes=(point.patch_size,), batch_sizes=(point.batch_size,))
+        run, seeds=seeds, lr_grid=(), lr_grid_seeds=(), mixers=(point.mixer,), presets=(point.preset,),
+        img_sizes=(point.img_size,), patch_sizes=(point.patch_size,), batch_sizes=(point.batch_size,),
+        train={**run.train, "lr": lr})
 
 
 def _choose(members: list[Point], rows: list[dict | None]) -> RateChoice | str | None:

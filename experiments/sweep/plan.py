@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..measure.point import Point, point_group
 from ..measure.timing import TimingProtocol
-from .costmodel import MiB, CostModel, point_from_row, work
+from .costmodel import MiB, CostModel, _number, point_from_row, work
 from .runs_file import RunsFileError, read_rows
 
 # A point's predicted time in a budgeted sweep may exceed the time left by this much before it is held back:
@@ -79,6 +79,7 @@ def _train_steps(point: Point, used: int | None = None) -> tuple[int, int] | Non
         used: the training images a measured row trained on (its `train_samples`, validation split removed).
     """
     from ..train.recipe import TrainRecipe
+    from ..train.validation import validation_count
     from .costmodel import json_loads
 
     recipe = TrainRecipe(epochs=point.epochs, **json_loads(point.train))
@@ -87,17 +88,8 @@ def _train_steps(point: Point, used: int | None = None) -> tuple[int, int] | Non
     samples = recipe.train_samples or (_npz_train_images(point.data_path) if point.dataset == "npz" else None)
     if not samples:
         return None
-    if recipe.val_fraction:  # the validation split is held out of the steps (experiments/train/validation.py)
-        samples -= max(1, round(recipe.val_fraction * samples))
+    samples -= validation_count(samples, recipe.val_fraction)  # held out of the steps
     return point.epochs * math.ceil(samples / recipe.batch_size), recipe.batch_size
-
-
-def _positive_int(cell: object) -> int | None:
-    try:
-        value = int(float(cell))  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return value if value > 0 else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,7 +179,7 @@ class Planner:
         for point, row in self.samples:
             if point.epochs <= 0 or not row.get("point_seconds"):
                 continue
-            used = _positive_int(row.get("train_samples"))
+            used = int(_number(row.get("train_samples")) or 0) or None
             base, without = self._train_base_s(point, used), self._point_s_without_training(point)
             if base is None or without is None:  # no cost rows yet to split the point's time (a resumed training run)
                 continue

@@ -14,6 +14,11 @@ from .data_arrays import ArrayDataset, AugmentedArrayDataset, DatasetError, _to_
 VALIDATION_STREAM = 2
 
 
+def validation_count(n: int, fraction: float) -> int:
+    """How many of `n` training images the split holds out: at least one when `fraction` is above 0."""
+    return max(1, round(fraction * n)) if fraction > 0 else 0
+
+
 def validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(training indices, validation indices) of a split of `n` images, disjoint, each ascending.
 
@@ -27,7 +32,7 @@ def validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, 
     """
     if fraction <= 0:
         return np.arange(n), np.arange(0)
-    n_val = max(1, round(fraction * n))
+    n_val = validation_count(n, fraction)
     if n_val >= n:
         raise DatasetError(f"val_fraction={fraction} of {n} training images leaves none to train on; lower it")
     order = np.random.default_rng([seed, VALIDATION_STREAM]).permutation(n)
