@@ -50,7 +50,7 @@ def _points(sizes: list[int], mixer: str = "attention") -> list[Point]:
 
 
 def _prediction(point: Point, fits: bool | None = True, seconds: float | None = 1.0) -> Prediction:
-    return Prediction(point, 0.0, 1.0, None, 1.0, None, None, seconds, fits)
+    return Prediction(point, 0.0, 1.0, None, 1.0, None, None, seconds, fits, point.batch_size, None)
 
 
 def test_order_is_coarse_first_and_the_oom_cascade_still_holds() -> None:
@@ -270,3 +270,90 @@ def test_points_that_run_side_by_side_form_one_pool_after_the_others_longest_fir
     assert order[:3] == cost  # the cost points keep their order
     assert [(p.mixer, p.seed) for p in order[3:]] == [("mamba", 0), ("mamba", 1), ("attention", 0), ("attention", 1)]
     assert side_by_side_order(points, None)[3:] == training  # nothing predicted: the order they came in
+
+
+def _rows_of(points: list[Point], truth) -> list[tuple[Point, dict]]:
+    """(point, row) pairs whose every target is `truth(target, work)`: a cost model the fit can recover exactly."""
+    from experiments.sweep.costmodel import TARGETS, work
+
+    return [(p, {"status": "ok", **{t: str(truth(t, work(p))) for t in TARGETS}}) for p in points]
+
+
+def _linear_truth(target: str, w) -> float:
+    """Memory of 200 MiB plus the activations, time of 2 ms plus the MACs at 1 TMAC/s; overhead 3 s."""
+    if "mem" in target:
+        return 200.0 + (w.layer_token_bytes if target == "peak_mem_mb" else 8 * w.token_bytes) / 2**20
+    return 3.0 if target == "overhead_s" else 2.0 + w.macs / 1e9
+
+
+def test_a_batch_max_point_is_predicted_at_the_largest_batch_that_fits_with_its_search() -> None:
+    """Planned at the protocol's max_batch, a batch-max point looked like an out-of-memory costing minutes; it is
+    predicted where the search will stop: the largest power of two whose predicted peak fits, plus a probe at
+    each batch up to it."""
+    from experiments.measure.throughput import PROBE_TIMING
+    from experiments.schema import MAX_BATCH
+    from experiments.sweep.costmodel import work
+    from experiments.sweep.plan import DEFAULT_GAP_S, Planner
+
+    sizes = [32, 64, 96, 128]
+    measured = [dataclasses.replace(p, batch_size=b) for p in _points(sizes) for b in (1, 4, 16)]
+    memory_mb = 240.0  # binds both searches below max_batch, the training step's at a smaller batch
+    planner = Planner(_rows_of(measured, _linear_truth), ["test"], memory_mb, "test", DEFAULT_GAP_S)
+    point = dataclasses.replace(_points([128])[0], batch_size=MAX_BATCH)
+
+    def fitting(target: str) -> int:  # the oracle: the truth, batch by batch
+        batches = [2**k for k in range(11) if 2**k <= point.timing.max_batch]
+        return max(b for b in batches
+                   if _linear_truth(target, work(dataclasses.replace(point, batch_size=b))) <= memory_mb)
+
+    predicted = planner.predict(point)
+    assert (predicted.batch, predicted.train_batch) == (fitting("peak_mem_mb"), fitting("train_peak_mem_mb"))
+    assert predicted.train_batch < predicted.batch < point.timing.max_batch  # the test's memory binds both
+    assert predicted.fits is True
+
+    def at(b: int) -> Point:
+        return dataclasses.replace(point, batch_size=b)
+
+    def search(target: str, found: int) -> float:
+        return sum(protocol_seconds(_linear_truth(target, work(at(2**k))), PROBE_TIMING)
+                   for k in range(found.bit_length()))
+
+    expected = (DEFAULT_GAP_S + 3.0
+                + search("latency_ms", predicted.batch)
+                + protocol_seconds(_linear_truth("latency_ms", work(at(predicted.batch))), point.timing)
+                + search("train_step_ms", predicted.train_batch)
+                + protocol_seconds(_linear_truth("train_step_ms", work(at(predicted.train_batch))), point.timing))
+    assert predicted.point_s == pytest.approx(expected, rel=1e-6)
+
+
+def test_graphed_points_without_graphed_rows_are_predicted_from_eager_ones_and_the_plan_says_so() -> None:
+    from experiments.sweep.plan import DEFAULT_GAP_S, Planner, plan_lines
+
+    eager = _points([32, 64, 96, 128])
+    planner = Planner(_rows_of(eager, _linear_truth), ["test"], None, "test", DEFAULT_GAP_S)
+    graphed = [dataclasses.replace(p, timing_mode="graphed") for p in eager]
+    for g, e in zip(graphed, eager):
+        assert planner.predict(g).point_s == pytest.approx(planner.predict(e).point_s)
+    lines = plan_lines(planner, graphed)
+    assert "not predicted" not in "\n".join(lines)
+    assert any(line.startswith("  4 graphed points predicted from eager rows") for line in lines)
+
+    # once graphed rows of the mixer exist, they are used instead
+    graphed_truth = lambda target, w: _linear_truth(target, w) / (2.0 if target == "latency_ms" else 1.0)  # noqa: E731
+    planner = Planner(_rows_of(eager, _linear_truth) + _rows_of(graphed, graphed_truth), ["test"], None, "test",
+                      DEFAULT_GAP_S)
+    assert planner.predict(graphed[-1]).latency_ms == pytest.approx(planner.predict(eager[-1]).latency_ms / 2, rel=1e-6)
+    assert not any("graphed points predicted" in line for line in plan_lines(planner, graphed))
+
+
+def test_the_gpu_wall_reference_is_predicted_whole_from_the_committed_rows(tmp_path: Path) -> None:
+    """gpu_reference plans every point on a machine without a GPU: graphed ones from eager rows, batch-max ones at a
+    batch that fits (none predicted to run out of memory)."""
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", "gpu_reference", "--device",
+                             "cuda", "--dry-run", "--out", str(tmp_path / "out"), "--calibrate-from",
+                             str(REPO / "results" / "gpu_h100" / "runs.csv")],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"predicted wall time of the \d+ points: [\d.]+ min \(", result.stdout), result.stdout[-2000:]
+    max_lines = [line for line in result.stdout.splitlines() if " bmax " in line]
+    assert max_lines and all(" yes " in line and "(predicted: b" in line for line in max_lines)

@@ -79,7 +79,7 @@ def test_first_line_says_the_threads_each_point_uses() -> None:
 class _Planner:
     def predict(self, point: Point) -> Prediction:
         seconds = 20.0 if point.img_size < 64 else None
-        return Prediction(point, 0.0, 1.0, None, 1.0, None, None, seconds, True)
+        return Prediction(point, 0.0, 1.0, None, 1.0, None, None, seconds, True, point.batch_size, None)
 
 
 def test_progress_shows_the_planners_time_left() -> None:

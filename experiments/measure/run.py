@@ -26,8 +26,8 @@ from .memory import MiB, peak_memory
 from .point import Point
 from .provenance import provenance
 from .rates import add_rates
-from .throughput import at_max_batch
-from .timing import TimingProtocol, time_call
+from .throughput import PROBE_TIMING, at_max_batch
+from .timing import time_call
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Fault injection for tests: a point whose label (`Point.label()`) matches this regular expression fails as a
@@ -197,8 +197,7 @@ def _at_batch(measure: Callable[..., dict[str, object]], model: ViT, point: Poin
     throughput.py: a probe is one untimed call of the same measurement, with one repeat)."""
     if point.batch_size != MAX_BATCH:
         return measure(model, point, dtype, device)
-    probe_point = dataclasses.replace(point, timing=TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0,
-                                                                  min_sample_ms=0.0))
+    probe_point = dataclasses.replace(point, timing=PROBE_TIMING)
     _, row = at_max_batch(lambda batch: measure(model, point, dtype, device, batch),
                           lambda batch: measure(model, probe_point, dtype, device, batch),
                           point.timing.max_batch, lambda: _free(device))

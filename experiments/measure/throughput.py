@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from .timing import TimingProtocol
+
 Result = TypeVar("Result")
+
+# A probe of the search: one untimed call of the full measurement at one batch (the sweep's planner prices it too).
+PROBE_TIMING = TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0, min_sample_ms=0.0)
 
 
 def _is_oom(error: BaseException) -> bool:

@@ -17,7 +17,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -180,10 +180,22 @@ class CostModel:
         return model
 
     def fit_for(self, point: Point, target: str) -> Fit | None:
+        found = self._own_or_pooled(point, target)
+        if found is None and point.timing_mode == "graphed":
+            return self._own_or_pooled(replace(point, timing_mode="eager"), target)
+        return found
+
+    def borrows_eager(self, point: Point, target: str) -> bool:
+        """True for a graphed point whose group has no graphed rows yet: it is predicted from the eager rows, an
+        upper bound on its time (a graph replays without eager's launch floor) and the same memory."""
+        return point.timing_mode == "graphed" and self._own_or_pooled(point, target) is None
+
+    def _own_or_pooled(self, point: Point, target: str) -> Fit | None:
+        """The group's own fit where it has three sizes or more, else the fit pooled over every mixer of the same
+        device, dtype and mode where that has, else the own fit (None when there is neither)."""
         group = self.group(point)
         own = self.fits.get((group, target))
-        distinct = own.rows if own else 0
-        if own and distinct >= 3:
+        if own and own.rows >= 3:
             return own
         pooled = self.fits.get(("*|" + group.split("|", 1)[1], target))
         return pooled if pooled and pooled.rows >= 3 else own

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..measure.point import Point, point_group
+from ..measure.throughput import PROBE_TIMING
 from ..measure.timing import TimingProtocol
+from ..schema import MAX_BATCH
 from .costmodel import MiB, CostModel, _number, point_from_row, work
 from .runs_file import RunsFileError, read_rows
 
@@ -57,6 +59,8 @@ class Prediction:
     train_s: float | None  # training epochs, when epochs > 0
     point_s: float | None  # wall time of the whole point, None when uncalibrated
     fits: bool | None  # whether the larger of the two peaks fits the device memory (None: memory unknown)
+    batch: int  # the batch the inference is predicted at (for batch max, the largest predicted to fit)
+    train_batch: int | None  # the training step's, None when the point measures none
 
     def columns(self) -> dict[str, object]:
         """The prediction as runs.csv cells, so the report can set it beside what was measured."""
@@ -192,10 +196,11 @@ class Planner:
     # prediction --------------------------------------------------------------------------------------------------
     def predict(self, point: Point) -> Prediction:
         m = self.model
-        latency = m.predict(point, "latency_ms")
-        train_step = m.predict(point, "train_step_ms") if point.measure_train_step else None
-        peak = m.predict(point, "peak_mem_mb")
-        train_peak = m.predict(point, "train_peak_mem_mb") if point.measure_train_step else None
+        infer, train = self.as_measured(point)
+        latency = m.predict(infer, "latency_ms")
+        train_step = m.predict(train, "train_step_ms") if train else None
+        peak = m.predict(infer, "peak_mem_mb")
+        train_peak = m.predict(train, "train_peak_mem_mb") if train else None
         train_s = None
         if point.epochs > 0:
             base = self._train_base_s(point)
@@ -207,7 +212,45 @@ class Planner:
         largest = max((v for v in (peak, train_peak) if v is not None), default=None)
         fits = None if self.memory_mb is None or largest is None else largest <= self.memory_mb
         return Prediction(point, work(point).macs / point.planned_batch / 1e9, latency, train_step, peak, train_peak,
-                          train_s, point_s, fits)
+                          train_s, point_s, fits, infer.batch_size, train.batch_size if train else None)
+
+    def as_measured(self, point: Point) -> tuple[Point, Point | None]:
+        """The point as its inference and its training step (None when it measures none) will run: at its batch,
+        or for batch max each at the largest power of two whose predicted peak fits the device memory (batch 1
+        when none does; the protocol's max_batch, an upper bound, when the memory is unknown)."""
+        train = point if point.measure_train_step else None
+        if point.batch_size != MAX_BATCH:
+            return point, train
+        if self.memory_mb is None:
+            planned = dataclasses.replace(point, batch_size=point.planned_batch)
+            return planned, planned if train else None
+        return (self._at_largest_fitting(point, "peak_mem_mb"),
+                self._at_largest_fitting(point, "train_peak_mem_mb") if train else None)
+
+    def _at_largest_fitting(self, point: Point, memory: str) -> Point:
+        fitting = dataclasses.replace(point, batch_size=1)
+        batch = 2
+        while batch <= point.timing.max_batch:
+            candidate = dataclasses.replace(point, batch_size=batch)
+            peak = self.model.predict(candidate, memory)
+            if peak is None or peak > self.memory_mb:
+                break
+            fitting, batch = candidate, batch * 2
+        return fitting
+
+    def _search_s(self, point: Point, found: Point, target: str) -> float | None:
+        """Seconds the max-batch search spends before measuring at `found`: one probe per batch 1, 2, ... up to
+        it (experiments/measure/throughput.py); the probe that runs out of memory is not counted. 0 for a point
+        with a batch of its own."""
+        if point.batch_size != MAX_BATCH:
+            return 0.0
+        seconds, batch = 0.0, 1
+        while batch <= found.batch_size:
+            ms = self.model.predict(dataclasses.replace(point, batch_size=batch), target)
+            if ms is None:
+                return None
+            seconds, batch = seconds + protocol_seconds(ms, PROBE_TIMING), batch * 2
+        return seconds
 
     def unknown_reason(self, point: Point) -> str | None:
         """Why `point` has no predicted time (None when it has one), with what would give it one."""
@@ -226,16 +269,19 @@ class Planner:
         return "training time: no training step of this mixer at the training batch could be predicted"
 
     def _point_s_without_training(self, point: Point) -> float | None:
-        latency = self.model.predict(point, "latency_ms")
-        overhead = self.model.predict(point, "overhead_s")
-        if latency is None or overhead is None:
+        infer, train = self.as_measured(point)
+        latency = self.model.predict(infer, "latency_ms")
+        overhead = self.model.predict(infer, "overhead_s")
+        search = self._search_s(point, infer, "latency_ms")
+        if latency is None or overhead is None or search is None:
             return None
-        seconds = self.gap_s + overhead + protocol_seconds(latency, point.timing)
-        if point.measure_train_step:
-            step = self.model.predict(point, "train_step_ms")
-            if step is None:
+        seconds = self.gap_s + overhead + search + protocol_seconds(latency, point.timing)
+        if train is not None:
+            step = self.model.predict(train, "train_step_ms")
+            search = self._search_s(point, train, "train_step_ms")
+            if step is None or search is None:
                 return None
-            seconds += protocol_seconds(step, point.timing)
+            seconds += search + protocol_seconds(step, point.timing)
         return seconds
 
     def _train_base_s(self, point: Point, used: int | None = None) -> float | None:
@@ -356,6 +402,10 @@ def _with_overhead(row: dict, protocol: TimingProtocol, point: Point | None = No
     timed = protocol_seconds(float(row["latency_ms"]), protocol)
     if row.get("train_step_ms"):
         timed += protocol_seconds(float(row["train_step_ms"]), protocol)
+    if str(row.get("batch_size")) == str(MAX_BATCH):
+        # the max-batch search's probes (two calls at each batch 1, 2, ... up to the one found) are predicted on
+        # their own (`Planner._search_s`); where time grows with the batch they sum to about four calls at it
+        timed += 4 * sum(float(row[k]) / 1e3 for k in ("latency_ms", "train_step_ms") if row.get(k))
     return point, {**row, "overhead_s": str(max(float(row["point_seconds"]) - timed, 0.0))}
 
 
@@ -529,6 +579,7 @@ def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None 
     lines.append(f"{'#':>4} {'GMACs':>8} {'infer ms':>9} {'train ms':>9} {'peak MiB':>9} {'train MiB':>9} "
                  f"{'fits':>4} {'point s':>8}  point")
     total = 0.0
+    from_eager = 0
     reasons: dict[str, int] = {}
     budget_s = budget_minutes * 60 if budget_minutes else None
     cut = None
@@ -543,9 +594,14 @@ def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None 
         if budget_s is not None and cut is None and total > budget_s:
             cut = index
             lines.append(f"     --- budget of {budget_minutes:g} min ends about here ---")
+        if planner.model.borrows_eager(point, "latency_ms"):
+            from_eager += 1
+        found = ""
+        if point.batch_size == MAX_BATCH:
+            found = f" (predicted: b{pr.batch}" + (f", train b{pr.train_batch})" if pr.train_batch else ")")
         lines.append(f"{index + 1:>4} {pr.gmacs:>8.3g} {_fmt(pr.latency_ms, '9.3g')} {_fmt(pr.train_step_ms, '9.3g')} "
                      f"{_fmt(pr.peak_mem_mb, '9.4g')} {_fmt(pr.train_peak_mem_mb, '9.4g')} {fits:>4} "
-                     f"{_fmt(pr.point_s, '8.1f')}  {point.label()}")
+                     f"{_fmt(pr.point_s, '8.1f')}  {point.label()}{found}")
     unknown = sum(reasons.values())
     if unknown == len(points) and points:
         known = "UNKNOWN: no point could be predicted (reasons below)"
@@ -557,6 +613,14 @@ def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None 
                  + (f"; training points run up to {side_by_side} at a time, each counted as its share"
                     if side_by_side > 1 else ""))
     lines += [f"  not predicted, {count} point{'s' * (count > 1)}: {reason}" for reason, count in reasons.items()]
+    if from_eager:
+        lines.append(f"  {from_eager} graphed point{'s' * (from_eager > 1)} predicted from eager rows (no graphed row "
+                     "of their mixer yet): an upper bound on time, since a graph replays without eager's launch floor")
+    max_points = [p for p in points if p.batch_size == MAX_BATCH]
+    if max_points and planner.memory_mb is not None:
+        lines.append(f"  {len(max_points)} batch-max point{'s' * (len(max_points) > 1)} predicted at the largest "
+                     "power-of-two batch whose predicted peak fits the device memory, with one probe per batch up "
+                     "to it")
     return lines
 
 
