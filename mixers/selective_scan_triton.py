@@ -109,7 +109,7 @@ if triton is not None:
         return tl.where(mask, dt, 0.0), dt_pre
 
     @triton.jit
-    def _fwd_kernel(
+    def _scan_fwd_kernel(
         u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, y_ptr, ckpt_ptr, carry_ptr, dsum_ptr,
         dim, length, dstate, n_chunks, chunks_per_split,
         s_u_b, s_u_d, s_u_l,
@@ -202,7 +202,7 @@ if triton is not None:
             tl.store(dsum_ptr + pid_b * s_ds_b + offs_d * s_ds_d + pid_s * s_ds_s, dsum, mask=mask_d)
 
     @triton.jit
-    def _combine_splits_kernel(
+    def _scan_combine_splits_kernel(
         A_ptr, carry_ptr, dsum_ptr,
         dim, dstate, splits,
         s_A_d, s_A_n,
@@ -234,7 +234,7 @@ if triton is not None:
             h = tl.exp(dsum[:, None] * A) * h + end
 
     @triton.jit
-    def _bwd_kernel(
+    def _scan_bwd_kernel(
         u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, dout_ptr, ckpt_ptr, carry_ptr, dsum_ptr,
         du_ptr, ddelta_ptr, dz_ptr, dA_ptr, dD_ptr, dbias_ptr, dB_ptr, dC_ptr,
         dim, length, dstate, n_chunks, chunks_per_split,
@@ -446,7 +446,7 @@ def _carries(
         *args(carry, dsum), dim, *strides(carry, dsum), LOCAL=True, HAS_CARRY=False, **flags,
         BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )
-    _combine_splits_kernel[(batch, tiling.blocks)](
+    _scan_combine_splits_kernel[(batch, tiling.blocks)](
         A, carry, dsum, dim, dstate, tiling.splits, *A.stride(), *carry.stride(), *dsum.stride(),
         BACKWARD=backward, BLOCK_D=tiling.block_d, BLOCK_N=block_n,
     )
@@ -501,11 +501,11 @@ def scan_fwd(
                 *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *z_.stride(), *y.stride(),
                 *ckpt.stride(), *carry.stride(), *dsum.stride())
 
-    carry = _carries(_fwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, False, num_warps)
+    carry = _carries(_scan_fwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, False, num_warps)
     has_carry = carry is not None
     if carry is None:
         carry = ckpt  # not read: HAS_CARRY is off
-    _fwd_kernel[(batch, tiling.blocks, tiling.splits)](
+    _scan_fwd_kernel[(batch, tiling.blocks, tiling.splits)](
         *args(carry, ckpt), dim, *strides(carry, ckpt[..., 0]), LOCAL=False, HAS_CARRY=has_carry, **flags,
         BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )
@@ -568,11 +568,11 @@ def scan_bwd(
                 *dout.stride(), *ckpt.stride(), *carry.stride(), *dsum.stride(), *du.stride(), *dA_part.stride(),
                 *dvec_part[0].stride(), *dBC_part[0].stride())
 
-    carry = _carries(_bwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, True, num_warps)
+    carry = _carries(_scan_bwd_kernel, args, strides, flags, A, batch, dim, dstate, tiling, block_n, True, num_warps)
     has_carry = carry is not None
     if carry is None:
         carry = ckpt  # not read: HAS_CARRY is off
-    _bwd_kernel[(batch, tiling.blocks, tiling.splits)](
+    _scan_bwd_kernel[(batch, tiling.blocks, tiling.splits)](
         *args(carry, ckpt[..., 0]), dim, *strides(carry, ckpt[..., 0]), LOCAL=False, HAS_CARRY=has_carry,
         **flags, BLOCK_D=tiling.block_d, BLOCK_N=block_n, CHUNK=tiling.chunk, num_warps=num_warps,
     )

@@ -334,8 +334,8 @@ def test_kernels_compile_for_sm90(local: bool, carry: bool, reverse: bool) -> No
 
     options = dict(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True, BLOCK_N=16, CHUNK=kernels.DEFAULT_CHUNK,
                    LOCAL=local, HAS_CARRY=carry, REVERSE=reverse)
-    passes = ((kernels._fwd_kernel, kernels.FWD_BLOCK_D, kernels.FWD_NUM_WARPS),
-              (kernels._bwd_kernel, kernels.BWD_BLOCK_D, kernels.BWD_NUM_WARPS))
+    passes = ((kernels._scan_fwd_kernel, kernels.FWD_BLOCK_D, kernels.FWD_NUM_WARPS),
+              (kernels._scan_bwd_kernel, kernels.BWD_BLOCK_D, kernels.BWD_NUM_WARPS))
     for fn, block_d, num_warps in passes:
         constexprs = {**options, "BLOCK_D": block_d}
         # bf16 activations and their gradients, float32 parameters and buffers, as a bf16 Mamba layer passes them.

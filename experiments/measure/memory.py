@@ -48,7 +48,7 @@ def cpu_peak_bytes(fn: Callable[[], object]) -> int:
     """Peak of (bytes allocated - bytes freed) by torch's CPU allocator while `fn()` runs."""
     from torch.profiler import ProfilerActivity, profile
 
-    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = sorted(
         (event.start_ns(), event.nbytes())
@@ -59,7 +59,7 @@ def cpu_peak_bytes(fn: Callable[[], object]) -> int:
 
 
 @contextlib.contextmanager
-def _stderr_silenced():
+def stderr_silenced():
     """Kineto prints a line to the C-level stderr at every profiler start and stop, with no switch to stop it."""
     sys.stderr.flush()
     saved = os.dup(2)
