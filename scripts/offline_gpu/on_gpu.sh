@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# On an offline CUDA machine, in the root of a copy of the checkout that carries .gpu/ (scripts/offline_gpu/pack.sh):
+# sets up, then runs the steps named in order; what each writes for the way back goes to $OUT (at most 8 files).
+#
+#   bash scripts/offline_gpu/on_gpu.sh tests scan profile
+#   bash scripts/offline_gpu/on_gpu.sh sweep gpu_reference gpu_reference_h100 8
+#
+# Setup (every call): the wheels of .gpu/whl into /tmp/site; git moved to .gpu/head.bundle's HEAD with the working
+# tree kept, so that a tree equal to that commit reads clean; mamba-ssm's selective scan compiled for this GPU from
+# .gpu/mamba_ssm-*.tar.gz into /tmp/mamba_scan (kept while the machine stays warm, so a later call reuses it);
+# ../shared/data/cifar10-subset.npz from .gpu/.
+# Steps:
+#   tests                          python -m pytest -m gpu                         -> $OUT/pytest_gpu.txt
+#   scan                           the scans alone, L = 1K..64K, bf16              -> $OUT/bench_scan.{txt,csv}
+#   profile                        the mamba mixer by kernel at 4K, 16K, 64K tokens, through mamba-ssm's scan and
+#                                  the Triton scan                                 -> $OUT/profile_mamba_*.{txt,csv}
+#   sweep CONFIG FOLDER MINUTES    resumes results/FOLDER/runs.csv with --config CONFIG for MINUTES of points
+#        [SWEEP FLAGS... --]       (its budget), no report; a step after it needs the "--"
+#                                                                                  -> $OUT/FOLDER.runs.csv (+ .erf.tar)
+set -uo pipefail
+out=${OUT:?"set OUT to the folder whose files come back"}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py=python3
+
+setup() {
+  if compgen -G ".gpu/whl/*.whl" > /dev/null; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
+      && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  fi
+  if [ -f .gpu/head.bundle ]; then
+    git fetch -q .gpu/head.bundle HEAD && git reset -q FETCH_HEAD \
+      || echo "on_gpu.sh: WARNING: the git bundle did not apply; rows will say dirty=True" >&2
+  fi
+  echo "on_gpu.sh: at $(git rev-parse --short HEAD), tracked files changed: $(git status --porcelain --untracked-files=no \
+    -- . ':(exclude)results' | wc -l)"
+  local sdist
+  sdist=$(compgen -G ".gpu/mamba_ssm-*.tar.gz" | head -n 1)
+  if [ ! -f /tmp/mamba_scan/selective_scan_cuda.so ] && [ -n "$sdist" ]; then
+    MAX_JOBS=$(nproc) $py scripts/offline_gpu/build_mamba_scan.py "$sdist" /tmp/mamba_scan \
+      || echo "on_gpu.sh: WARNING: mamba-ssm's scan did not build; mamba runs the Triton scan" >&2
+  fi
+  if [ -f /tmp/mamba_scan/selective_scan_cuda.so ]; then export PYTHONPATH=/tmp/mamba_scan:${PYTHONPATH:-}; fi
+  if [ -f .gpu/cifar10-subset.npz ] && [ ! -f ../shared/data/cifar10-subset.npz ]; then
+    mkdir -p ../shared/data && cp .gpu/cifar10-subset.npz ../shared/data/
+  fi
+  $py -c "import torch; print('on_gpu.sh: torch', torch.__version__, torch.cuda.get_device_name(0))"
+}
+
+setup
+status=0
+while [ $# -gt 0 ]; do
+  step=$1; shift
+  case $step in
+    tests)
+      $py -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu.txt" || status=1 ;;
+    scan)
+      $py -m experiments.bench.scan --device cuda --dtype bf16 --csv "$out/bench_scan.csv" 2>&1 \
+        | tee "$out/bench_scan.txt" || status=1 ;;
+    profile)
+      for impl in auto triton; do
+        $py -m experiments.bench.profile --device cuda --tokens 4096 16384 65536 --options "scan_impl=$impl" \
+          --csv "$out/profile_mamba_$impl.csv" 2>&1 | tee "$out/profile_mamba_$impl.txt" || status=1
+      done ;;
+    sweep)
+      if [ $# -lt 3 ]; then echo "on_gpu.sh: sweep needs CONFIG FOLDER MINUTES" >&2; exit 2; fi
+      config=$1 folder=$2 minutes=$3; shift 3
+      flags=()
+      while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
+      if [ $# -gt 0 ]; then shift; fi  # the "--" that ends the sweep's flags
+      work=/tmp/sweeps/$folder
+      mkdir -p "$work"
+      if [ -f "results/$folder/runs.csv" ] && [ ! -f "$work/runs.csv" ]; then cp "results/$folder/runs.csv" "$work/"; fi
+      if [ -d "results/$folder/erf" ] && [ ! -d "$work/erf" ]; then cp -r "results/$folder/erf" "$work/"; fi
+      $py -m experiments.sweep --config "$config" --out "$work" --budget-minutes "$minutes" --no-report --quiet \
+        "${flags[@]}" || status=1
+      cp "$work/runs.csv" "$out/$folder.runs.csv"
+      if [ -d "$work/erf" ]; then tar cf "$out/$folder.erf.tar" -C "$work" erf; fi ;;
+    *)
+      echo "on_gpu.sh: unknown step '$step'; steps: tests, scan, profile, sweep CONFIG FOLDER MINUTES" >&2; exit 2 ;;
+  esac
+done
+exit $status
