@@ -23,6 +23,9 @@ import tarfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's root: its one-line argument errors
+from experiments.bench.cli import Parser  # noqa: E402
+
 SOURCES = ("selective_scan.cpp",
            *(f"selective_scan_fwd_{t}.cu" for t in ("fp32", "fp16", "bf16")),
            *(f"selective_scan_bwd_{t}_{k}.cu" for t in ("fp32", "fp16", "bf16") for k in ("real", "complex")))
@@ -64,8 +67,8 @@ def _unpack(sdist: Path, dest: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="build_mamba_scan.py", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sdist", type=Path, help="mamba-ssm's source archive (mamba_ssm-X.tar.gz)")
     parser.add_argument("dest", type=Path, help="folder for the package and the extension (put it on PYTHONPATH)")
     parser.add_argument("--arch", nargs="+", default=None,

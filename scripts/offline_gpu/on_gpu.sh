@@ -18,8 +18,6 @@
 #        [SWEEP FLAGS... --]       (its budget), no report; a step after it needs the "--"
 #                                                                                  -> $OUT/FOLDER.runs.csv (+ .erf.tar)
 set -uo pipefail
-out=${OUT:?"set OUT to the folder whose files come back"}
-mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=python3
 
@@ -47,6 +45,25 @@ setup() {
   $py -c "import torch; print('on_gpu.sh: torch', torch.__version__, torch.cuda.get_device_name(0))"
 }
 
+check_steps() {  # before setup, so that a typo costs nothing
+  while [ $# -gt 0 ]; do
+    case $1 in
+      tests|scan|profile) shift ;;
+      sweep)
+        if [ $# -lt 4 ]; then echo "on_gpu.sh: sweep needs CONFIG FOLDER MINUTES" >&2; exit 2; fi
+        shift 4
+        while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done
+        if [ $# -gt 0 ]; then shift; fi ;;
+      *) echo "on_gpu.sh: unknown step '$1'; steps: tests, scan, profile, sweep CONFIG FOLDER MINUTES" >&2; exit 2 ;;
+    esac
+  done
+}
+
+if [ $# -eq 0 ]; then echo "on_gpu.sh: name the steps to run: tests, scan, profile, sweep CONFIG FOLDER MINUTES" >&2; exit 2; fi
+check_steps "$@"
+if [ -z "${OUT:-}" ]; then echo "on_gpu.sh: set OUT to the folder whose files should come back" >&2; exit 2; fi
+out=$OUT
+mkdir -p "$out"
 setup
 status=0
 while [ $# -gt 0 ]; do
@@ -63,7 +80,6 @@ while [ $# -gt 0 ]; do
           --csv "$out/profile_mamba_$impl.csv" 2>&1 | tee "$out/profile_mamba_$impl.txt" || status=1
       done ;;
     sweep)
-      if [ $# -lt 3 ]; then echo "on_gpu.sh: sweep needs CONFIG FOLDER MINUTES" >&2; exit 2; fi
       config=$1 folder=$2 minutes=$3; shift 3
       flags=()
       while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
@@ -76,8 +92,6 @@ while [ $# -gt 0 ]; do
         "${flags[@]}" || status=1
       cp "$work/runs.csv" "$out/$folder.runs.csv"
       if [ -d "$work/erf" ]; then tar cf "$out/$folder.erf.tar" -C "$work" erf; fi ;;
-    *)
-      echo "on_gpu.sh: unknown step '$step'; steps: tests, scan, profile, sweep CONFIG FOLDER MINUTES" >&2; exit 2 ;;
   esac
 done
 exit $status

@@ -28,5 +28,5 @@ elif [ -n "$base" ] && git merge-base --is-ancestor "$base" HEAD; then
 else
   git bundle create -q .gpu/head.bundle HEAD
 fi
-du -sh .gpu .gpu/* | sed 's/^/pack.sh: /'
+du -ah --max-depth=1 .gpu | sed "s/^/pack.sh: /"
 echo "pack.sh: name .gpu in the run's carry; on the GPU machine: bash scripts/offline_gpu/on_gpu.sh STEP ..."
