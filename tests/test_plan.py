@@ -357,3 +357,38 @@ def test_the_gpu_wall_reference_is_predicted_whole_from_the_committed_rows(tmp_p
     assert re.search(r"predicted wall time of the \d+ points: [\d.]+ min \(", result.stdout), result.stdout[-2000:]
     max_lines = [line for line in result.stdout.splitlines() if " bmax " in line]
     assert max_lines and all(" yes " in line and "(predicted: b" in line for line in max_lines)
+
+
+def test_the_planner_fits_each_point_s_current_row_and_a_named_scan_apart(tmp_path: Path) -> None:
+    """A rerun appends a newer row for the same key (gpu_h100 holds mamba's fallback rows and, later, the compiled
+    kernel's): the planner fits the newer, as the report does. A scan named in the overrides is a series apart."""
+    from experiments.sweep.costmodel import CostModel, work
+    from experiments.sweep.plan import Planner
+
+    def truth(point: Point, factor: float) -> float:  # a latency the fit can express exactly
+        return factor * (2.0 + work(point).macs / 1e9)
+
+    slow, fast = 100.0, 1.0
+    sizes = [32, 64, 96, 128]
+    triton = '{"mixer_options":{"scan_impl":"triton"}}'
+    rows = []
+    for latency, overrides in ((slow, "{}"), (fast, "{}"), (2 * fast, triton)):
+        for size in sizes:
+            point = Point(mixer="mamba", preset="micro", img_size=size, patch_size=8, batch_size=1,
+                          overrides=overrides)
+            rows.append({**{k: str(v) for k, v in point_key_row(point).items()}, "status": "ok",
+                         "latency_ms": str(truth(point, latency)), "peak_mem_mb": "1", "point_seconds": "1"})
+    path = tmp_path / "runs.csv"
+    for row in rows:
+        append_row(path, row)
+    planner = Planner.build(_points([64], "mamba"), path, calibrate=False)
+    auto = _points([64], "mamba")[0]
+    named = dataclasses.replace(auto, overrides=triton)
+    assert CostModel.group(auto) != CostModel.group(named)
+    assert planner.predict(auto).latency_ms == pytest.approx(truth(auto, fast), rel=1e-6)
+    assert planner.predict(named).latency_ms == pytest.approx(truth(named, 2 * fast), rel=1e-6)
+
+
+def point_key_row(point: Point) -> dict[str, object]:
+    """The key columns of a runs.csv row for `point`."""
+    return {k: v for k, v in dataclasses.asdict(point).items() if k in KEY_COLUMNS}

@@ -144,10 +144,13 @@ class CostModel:
     @staticmethod
     def group(point_or_row: Point | dict) -> str:
         """Rates are fitted per mixer, device, dtype and compile mode (compiled and eager code run differently),
-        and graphed timing apart from eager (no launch floor)."""
+        graphed timing apart from eager (no launch floor), and a scan implementation named in the overrides apart
+        from the one `auto` picks (mamba through the Triton scan is a series of its own)."""
         get = (lambda k: getattr(point_or_row, k, "")) if isinstance(point_or_row, Point) else point_or_row.get
         graphed = "|graphed" if get("timing_mode") == "graphed" else ""
-        return "|".join(str(get(k) or "") for k in ("mixer", "device", "dtype", "compile")) + graphed
+        scan = json_loads(get("overrides") or "").get("mixer_options", {}).get("scan_impl", "auto")
+        named = f"|scan={scan}" if scan != "auto" else ""
+        return "|".join(str(get(k) or "") for k in ("mixer", "device", "dtype", "compile")) + graphed + named
 
     @classmethod
     def fitted(cls, samples: Iterable[tuple[Point, dict]], sources: list[str] | None = None) -> CostModel:

@@ -29,7 +29,7 @@ from ..measure.throughput import PROBE_TIMING
 from ..measure.timing import TimingProtocol
 from ..schema import MAX_BATCH
 from .costmodel import MiB, CostModel, _number, point_from_row, work
-from .runs_file import RunsFileError, read_rows
+from .runs_file import RunsFileError, latest_by_key, read_rows
 
 # A point's predicted time in a budgeted sweep may exceed the time left by this much before it is held back:
 # predictions of small points are noisy and a point that would just fit is worth starting.
@@ -418,8 +418,10 @@ def _device_here(device: str) -> bool:
 
 
 def _ok_rows(path: Path, devices: set[str]) -> list[dict]:
+    """The current row of each point (a rerun appends a newer one, which replaces it, as in the report) where it
+    measured a latency on one of `devices`."""
     try:
-        rows = read_rows(path)
+        rows = latest_by_key(read_rows(path)).values()
     except (RunsFileError, OSError):
         return []
     return [r for r in rows if r.get("status") == "ok" and r.get("device") in devices and r.get("latency_ms")]
