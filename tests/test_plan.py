@@ -392,3 +392,38 @@ def test_the_planner_fits_each_point_s_current_row_and_a_named_scan_apart(tmp_pa
 def point_key_row(point: Point) -> dict[str, object]:
     """The key columns of a runs.csv row for `point`."""
     return {k: v for k, v in dataclasses.asdict(point).items() if k in KEY_COLUMNS}
+
+
+def test_batch_max_rows_are_fitted_at_the_batches_they_found(tmp_path: Path) -> None:
+    """A batch-max row measured inference at `batch_used` and its training step at `train_batch_used` (each search
+    stops at its own): read back from runs.csv or observed as it lands, each target is fitted at its own batch."""
+    from experiments.schema import MAX_BATCH
+    from experiments.sweep.costmodel import work
+    from experiments.sweep.plan import DEFAULT_GAP_S, Planner
+
+    def truth(point: Point, target: str) -> float:
+        return _linear_truth(target, work(point))
+
+    def row_of(point: Point, infer_batch: int, train_batch: int) -> dict[str, str]:
+        at_infer = dataclasses.replace(point, batch_size=infer_batch)
+        at_train = dataclasses.replace(point, batch_size=train_batch)
+        return {**{k: str(v) for k, v in point_key_row(point).items()}, "status": "ok",
+                "batch_used": str(infer_batch), "train_batch_used": str(train_batch), "point_seconds": "100",
+                **{t: str(truth(at_infer, t)) for t in ("latency_ms", "peak_mem_mb")},
+                **{t: str(truth(at_train, t)) for t in ("train_step_ms", "train_peak_mem_mb")}}
+
+    found = {32: (64, 16), 64: (32, 8), 96: (16, 4), 128: (8, 2)}  # size: (inference batch, training batch)
+    maxed = {size: dataclasses.replace(_points([size])[0], batch_size=MAX_BATCH) for size in found}
+    path = tmp_path / "runs.csv"
+    for size, point in maxed.items():
+        append_row(path, row_of(point, *found[size]))
+    check = dataclasses.replace(_points([64])[0], batch_size=4)
+    from_file = Planner.build([check], path, calibrate=False)
+    observed = Planner([], [], None, "test", DEFAULT_GAP_S)
+    for size, point in maxed.items():
+        observed.observe(point, row_of(point, *found[size]))
+    for planner in (from_file, observed):
+        predicted = planner.predict(check)
+        assert predicted.latency_ms == pytest.approx(truth(check, "latency_ms"), rel=1e-6)
+        assert predicted.train_step_ms == pytest.approx(truth(check, "train_step_ms"), rel=1e-6)
+        assert predicted.train_peak_mem_mb == pytest.approx(truth(check, "train_peak_mem_mb"), rel=1e-6)

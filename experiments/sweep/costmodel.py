@@ -29,6 +29,7 @@ MiB = 2**20
 
 # Quantities a row measures and the planner predicts, with the features each is fitted on.
 TARGETS = ("latency_ms", "train_step_ms", "peak_mem_mb", "train_peak_mem_mb", "overhead_s")
+TRAIN_TARGETS = ("train_step_ms", "train_peak_mem_mb")  # measured at the row's train_batch_used
 
 
 @dataclass(frozen=True)
@@ -167,10 +168,13 @@ class CostModel:
         samples = [(p, r) for p, r in samples if not (r.get("calibration") and len(real.get(cls.group(p), ())) >= 2)]
         for point, row in samples:
             w = work(point)
+            # a batch-max row's training step searched its own batch, often smaller than the inference's
+            train_batch = int(_number(row.get("train_batch_used")) or point.batch_size)
+            w_train = w if train_batch == point.batch_size else work(replace(point, batch_size=train_batch))
             for target in TARGETS:
                 value = _number(row.get(target))
                 if value is not None and value > 0:
-                    by_target[target].append((cls.group(point), w, value))
+                    by_target[target].append((cls.group(point), w_train if target in TRAIN_TARGETS else w, value))
         for target, items in by_target.items():
             pooled: dict[str, list] = {}
             for group, w, value in items:

@@ -165,6 +165,8 @@ class Planner:
         """Adds a measured row and refits, so later predictions use it."""
         if row.get("status") != "ok":
             return
+        if point.batch_size == MAX_BATCH:  # fitted at the batch it found, as a row read back from runs.csv is
+            point = dataclasses.replace(point, batch_size=int(_number(row.get("batch_used")) or 1))
         self.samples.append(_with_overhead({k: str(v) for k, v in row.items()}, point.timing, point))
         self.model = CostModel.fitted(self.samples, self.sources)
         self._fit_training()
