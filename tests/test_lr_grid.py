@@ -266,3 +266,24 @@ def test_erf_maps_are_those_at_the_chosen_rates_in_one_figure() -> None:
     kept = maps_at_chosen_rates(maps, runs)
     assert sorted(zip(kept["mixer"], kept["seed"])) == [("attention", 0), ("attention", 1), ("linear", 0)]
     assert kept["train"].nunique() == 1 and "lr" not in json.loads(kept["train"].iloc[0])  # one figure
+
+
+def test_a_choice_at_the_grid_s_edge_is_flagged_in_the_summary(tmp_path: Path) -> None:
+    from experiments.report.rates import grid_edge_note
+
+    assert grid_edge_note(choose_rate({3e-4: [0.3], 1e-3: [0.5], 3e-3: [0.4]})) == ""
+    assert "largest rate: its best may lie above" in grid_edge_note(choose_rate({3e-4: [0.3], 1e-3: [0.4],
+                                                                                 3e-3: [0.5]}))
+    assert "smallest rate: its best may lie below" in grid_edge_note(choose_rate({3e-4: [0.5], 1e-3: [0.4]}))
+    assert grid_edge_note(choose_rate({1e-3: [0.4], 3e-3: [0.5], 1e-2: [None]})) == ""  # diverged beyond it
+    assert grid_edge_note(choose_rate({3e-4: [1.0], 1e-3: [0.9]})) == ""  # nothing beyond can do better
+    assert grid_edge_note(choose_rate({3e-4: [0.7], 1e-3: [0.7], 3e-3: [0.6]})) == ""  # a tie inside the grid
+    rows = [grid_row("attention", lr, 0, val=val, test=0.5) for lr, val in ((3e-4, 0.5), (1e-3, 0.8), (3e-3, 0.6))]
+    rows += [grid_row("linear", lr, 0, val=val, test=0.5) for lr, val in ((3e-4, 0.5), (1e-3, 0.6), (3e-3, 0.8))]
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    build_report(path.parent)
+    lines = (tmp_path / "summary.md").read_text().splitlines()
+    attention = next(line for line in lines if line.startswith("- attention (reach"))
+    linear = next(line for line in lines if line.startswith("- linear (reach"))
+    assert "grid's" not in attention and "the grid's largest rate: its best may lie above it" in linear

@@ -109,8 +109,23 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
         epochs = int(row["epochs"])
         lines.append(f"- {row['mixer']} ({row['dataset']}, {int(row['img_size'])} px, patch {int(row['patch_size'])}, "
                      f"{epochs} epoch{'s' * (epochs != 1)}):"
-                     f" lr {format_rate(choice.lr)} (validation accuracy {curve}{failed}; {val} validation images)")
+                     f" lr {format_rate(choice.lr)} (validation accuracy {curve}{failed}; {val} validation images)"
+                     f"{grid_edge_note(choice)}")
     return lines + [""] + named
+
+
+def grid_edge_note(choice: RateChoice) -> str:
+    """A warning when the chosen rate is the grid's largest or smallest: the best rate may lie beyond the grid, so
+    the mixer may be under-tuned beside one whose best lies inside it. None where the choice cannot be beaten (100%
+    validation accuracy) or another rate of the grid ties with it."""
+    rates = sorted([*choice.val_accuracy, *choice.failed])
+    if len(rates) < 2 or rates[0] < choice.lr < rates[-1]:
+        return ""
+    best = choice.val_accuracy[choice.lr]
+    if best >= 1.0 or sum(v == best for v in choice.val_accuracy.values()) > 1:
+        return ""
+    side, beyond = ("largest", "above") if choice.lr == rates[-1] else ("smallest", "below")
+    return f"; **the grid's {side} rate: its best may lie {beyond} it** (extend the grid)"
 
 
 # The budget rule of a grid swept over epochs, fixed before any such run (experiments/configs/default_lr.toml): the
