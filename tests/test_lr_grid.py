@@ -278,6 +278,10 @@ def test_a_choice_at_the_grid_s_edge_is_flagged_in_the_summary(tmp_path: Path) -
     assert grid_edge_note(choose_rate({1e-3: [0.4], 3e-3: [0.5], 1e-2: [None]})) == ""  # diverged beyond it
     assert grid_edge_note(choose_rate({3e-4: [1.0], 1e-3: [0.9]})) == ""  # nothing beyond can do better
     assert grid_edge_note(choose_rate({3e-4: [0.7], 1e-3: [0.7], 3e-3: [0.6]})) == ""  # a tie inside the grid
+    # a best rate no better than chance on the validation images: the choice is noise, wherever it lies
+    noise = choose_rate({3e-4: [0.49], 1e-3: [0.5], 3e-3: [0.52]})
+    assert "no rate beats chance (50%" in grid_edge_note(noise, 0.5, 400)
+    assert "no rate beats chance" not in grid_edge_note(choose_rate({3e-4: [0.5], 1e-3: [0.6]}), 0.5, 400)
     rows = [grid_row("attention", lr, 0, val=val, test=0.5) for lr, val in ((3e-4, 0.5), (1e-3, 0.8), (3e-3, 0.6))]
     rows += [grid_row("linear", lr, 0, val=val, test=0.5) for lr, val in ((3e-4, 0.5), (1e-3, 0.6), (3e-3, 0.8))]
     path = tmp_path / "runs.csv"
@@ -287,3 +291,4 @@ def test_a_choice_at_the_grid_s_edge_is_flagged_in_the_summary(tmp_path: Path) -
     attention = next(line for line in lines if line.startswith("- attention (reach"))
     linear = next(line for line in lines if line.startswith("- linear (reach"))
     assert "grid's" not in attention and "the grid's largest rate: its best may lie above it" in linear
+    assert "chance" not in attention + linear  # 80% of 20 validation images beats a coin

@@ -14,6 +14,7 @@ from ..lr_grid import (GRID_STAGE, SEED_STAGE, RateChoice, choose_rates, format_
                        recipe_without_rate)
 from ..schema import KEY_COLUMNS
 from .crossover import mixer_rank
+from .stats import ALPHA, beats_chance, chance
 
 
 def grid_rows(runs: pd.DataFrame) -> pd.DataFrame:
@@ -107,21 +108,26 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
         failed = f"; failed: {', '.join(format_rate(r) for r in choice.failed)}" if choice.failed else ""
         val = int(row["val_samples"]) if math.isfinite(float(row.get("val_samples", math.nan))) else "?"
         epochs = int(row["epochs"])
+        note = grid_edge_note(choice, chance(str(row["dataset"])), val if isinstance(val, int) else 0)
         lines.append(f"- {row['mixer']} ({row['dataset']}, {int(row['img_size'])} px, patch {int(row['patch_size'])}, "
                      f"{epochs} epoch{'s' * (epochs != 1)}):"
                      f" lr {format_rate(choice.lr)} (validation accuracy {curve}{failed}; {val} validation images)"
-                     f"{grid_edge_note(choice)}")
+                     f"{note}")
     return lines + [""] + named
 
 
-def grid_edge_note(choice: RateChoice) -> str:
+def grid_edge_note(choice: RateChoice, level: float | None = None, val_samples: int = 0) -> str:
     """A warning when the chosen rate is the grid's largest or smallest: the best rate may lie beyond the grid, so
     the mixer may be under-tuned beside one whose best lies inside it. None where the choice cannot be beaten (100%
-    validation accuracy) or another rate of the grid ties with it."""
+    validation accuracy) or another rate of the grid ties with it. Where no rate beats chance (`level`, on
+    `val_samples` images), the note says the choice is noise instead, wherever it lies."""
+    best = choice.val_accuracy[choice.lr]
+    if level is not None and val_samples and not beats_chance(best, val_samples, level):
+        return (f"; no rate beats chance ({100 * level:.0f}%, one-sided binomial test on the validation images, "
+                f"p >= {ALPHA}): the choice is noise")
     rates = sorted([*choice.val_accuracy, *choice.failed])
     if len(rates) < 2 or rates[0] < choice.lr < rates[-1]:
         return ""
-    best = choice.val_accuracy[choice.lr]
     if best >= 1.0 or sum(v == best for v in choice.val_accuracy.values()) > 1:
         return ""
     side, beyond = ("largest", "above") if choice.lr == rates[-1] else ("smallest", "below")

@@ -62,6 +62,15 @@ def chance(dataset: str) -> float | None:
     return CHANCE.get(dataset)
 
 
+def beats_chance(accuracy: float, n: int, level: float) -> bool:
+    """True when `accuracy` on `n` images is above chance `level` by a one-sided exact binomial test at `ALPHA`
+    (`scipy.stats.binomtest`): one model's validation accuracy, where no seeds give an interval."""
+    if n < 1 or not math.isfinite(accuracy):
+        return False
+    correct = round(accuracy * n)
+    return float(scipy_stats.binomtest(correct, n, level, alternative="greater").pvalue) < ALPHA
+
+
 def above_chance(ci_low: float, n: int, level: float | None) -> bool:
     """True when the interval lies wholly above chance; with one seed (no interval) never, as nothing shows it.
 
