@@ -56,7 +56,9 @@ def profile_case(mixer: torch.nn.Module, x: torch.Tensor, grid: tuple[int, int],
     from torch.profiler import ProfilerActivity, profile
 
     def step() -> None:
-        if backward:
+        if backward:  # gradients set to None first, as a training step's zero_grad does: none is accumulated
+            mixer.zero_grad(set_to_none=True)
+            x.grad = None
             mixer(x, grid).float().sum().backward()
         else:
             with torch.no_grad():
@@ -82,6 +84,9 @@ def profile_case(mixer: torch.nn.Module, x: torch.Tensor, grid: tuple[int, int],
             entry[0] += us
             entry[1] += event.count
     total = sum(us for us, _ in times.values())
+    if not total:
+        raise RuntimeError(f"the profiler recorded no {'device' if device.type == 'cuda' else 'operator'} time "
+                           "(on CUDA it needs CUPTI, which ships with torch's CUDA wheels)")
     rows = [{"name": name, "class": kernel_class(name), "ms_per_iter": us / 1e3 / repeats,
              "calls_per_iter": calls / repeats, "share": us / total}
             for name, (us, calls) in times.items()]
