@@ -193,19 +193,25 @@ class CostModel:
         return found
 
     def borrows_eager(self, point: Point, target: str) -> bool:
-        """True for a graphed point whose group has no graphed rows yet: it is predicted from the eager rows, an
-        upper bound on its time (a graph replays without eager's launch floor) and the same memory."""
-        return point.timing_mode == "graphed" and self._own_or_pooled(point, target) is None
+        """True for a graphed point whose group has no graphed rows yet but eager ones: it is predicted from the
+        eager rows, an upper bound on its time (a graph replays without eager's launch floor) and the same memory."""
+        return (point.timing_mode == "graphed" and self._own_or_pooled(point, target) is None
+                and self._own_or_pooled(replace(point, timing_mode="eager"), target) is not None)
 
     def _own_or_pooled(self, point: Point, target: str) -> Fit | None:
         """The group's own fit where it has three sizes or more, else the fit pooled over every mixer of the same
-        device, dtype and mode where that has, else the own fit (None when there is neither)."""
+        device, dtype and mode where that has, else the own fit; a named scan with neither falls back to the pool
+        without its name (None when there is nothing)."""
         group = self.group(point)
         own = self.fits.get((group, target))
         if own and own.rows >= 3:
             return own
         pooled = self.fits.get(("*|" + group.split("|", 1)[1], target))
-        return pooled if pooled and pooled.rows >= 3 else own
+        found = pooled if pooled and pooled.rows >= 3 else own
+        if found is None and "|scan=" in group:
+            unnamed = self.fits.get(("*|" + group.split("|", 1)[1].split("|scan=")[0], target))
+            return unnamed if unnamed and unnamed.rows >= 3 else None
+        return found
 
     def predict(self, point: Point, target: str) -> float | None:
         fit = self.fit_for(point, target)

@@ -165,9 +165,10 @@ class Planner:
         """Adds a measured row and refits, so later predictions use it."""
         if row.get("status") != "ok":
             return
-        if point.batch_size == MAX_BATCH:  # fitted at the batch it found, as a row read back from runs.csv is
+        searched = point.batch_size == MAX_BATCH  # a live row has no key columns yet: the point says so
+        if searched:  # fitted at the batch it found, as a row read back from runs.csv is
             point = dataclasses.replace(point, batch_size=int(_number(row.get("batch_used")) or 1))
-        self.samples.append(_with_overhead({k: str(v) for k, v in row.items()}, point.timing, point))
+        self.samples.append(_with_overhead({k: str(v) for k, v in row.items()}, point.timing, point, searched))
         self.model = CostModel.fitted(self.samples, self.sources)
         self._fit_training()
 
@@ -395,18 +396,26 @@ def run_calibration(points: list[Point], seconds: float = math.inf) -> tuple[lis
 
 
 # where the rows come from ----------------------------------------------------------------------------------------
-def _with_overhead(row: dict, protocol: TimingProtocol, point: Point | None = None) -> tuple[Point, dict]:
+def _with_overhead(row: dict, protocol: TimingProtocol, point: Point | None = None,
+                   searched: bool | None = None) -> tuple[Point, dict]:
     """(point, row) with the row's per-point overhead: its wall time less the timed calls, for cost-only rows
-    (`protocol`: how the row was timed; a runs.csv does not record it, so the sweep's own is assumed)."""
+    (`protocol`: how the row was timed; a runs.csv does not record it, so the sweep's own is assumed).
+
+    Args:
+        searched: whether the row searched its batch (batch max); None reads it from the row's key columns.
+    """
+    if searched is None:
+        searched = str(row.get("batch_size")) == str(MAX_BATCH)
     point = point or point_from_row(row)
     if row.get("overhead_s") or point.epochs > 0 or not row.get("point_seconds") or not row.get("latency_ms"):
         return point, row
     timed = protocol_seconds(float(row["latency_ms"]), protocol)
     if row.get("train_step_ms"):
         timed += protocol_seconds(float(row["train_step_ms"]), protocol)
-    if str(row.get("batch_size")) == str(MAX_BATCH):
-        # the max-batch search's probes (two calls at each batch 1, 2, ... up to the one found) are predicted on
-        # their own (`Planner._search_s`); where time grows with the batch they sum to about four calls at it
+    if searched:
+        # the max-batch search's probes (a few calls at each batch 1, 2, ... up to the one found) are predicted on
+        # their own (`Planner._search_s`); where time grows with the batch, two calls a probe sum to about four
+        # calls at the batch found (an estimate: at the launch floor the small batches cost as much as the last)
         timed += 4 * sum(float(row[k]) / 1e3 for k in ("latency_ms", "train_step_ms") if row.get(k))
     return point, {**row, "overhead_s": str(max(float(row["point_seconds"]) - timed, 0.0))}
 
@@ -625,6 +634,9 @@ def plan_lines(planner: Planner, points: list[Point], order: list[Point] | None 
         lines.append(f"  {len(max_points)} batch-max point{'s' * (len(max_points) > 1)} predicted at the largest "
                      "power-of-two batch whose predicted peak fits the device memory, with one probe per batch up "
                      "to it")
+    elif max_points:
+        lines.append(f"  {len(max_points)} batch-max point{'s' * (len(max_points) > 1)} planned at max_batch, an "
+                     "upper bound: the device memory is unknown")
     return lines
 
 
