@@ -25,6 +25,13 @@ from messages import one_line_error
     ("aten::convolution_backward", "conv"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t>>", "reduction"),
     ("aten::mul", "elementwise/other"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3>>",
+     "elementwise/other"),
+    ("aten::convert_element_type", "elementwise/other"),
+    ("aten::_to_copy", "copy/layout"),
+    ("aten::roll", "copy/layout"),
+    ("aten::constant_pad_nd", "copy/layout"),
+    ("aten::conv1d", "conv"),
     ("triton_poi_fused_mul_silu_0", "elementwise/other"),
 ])
 def test_kernel_names_fall_in_their_class(name: str, expected: str) -> None:

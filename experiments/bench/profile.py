@@ -29,9 +29,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CLASSES = (
     ("scan", re.compile(r"selective_scan|_scan_(fwd|bwd|combine_splits)_kernel|_chunk_\w*_kernel")),
     ("matmul", re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas|matmul|aten::(mm|bmm|addmm|baddbmm|linear)\b")),
-    ("conv", re.compile(r"conv")),
-    ("copy/layout", re.compile(r"copy|contiguous|clone|flip|cat\b|catarraybatched|transpose|permute|memcpy|memset"
-                               r"|fill|index|gather|scatter|roll|pad")),
+    ("conv", re.compile(r"convolution|aten::conv\dd|causal_conv|conv\w*_kernel")),
+    # anchored: CUDA's `unrolled_elementwise_kernel` (any non-contiguous or casting elementwise op) is no roll
+    ("copy/layout", re.compile(r"copy|contiguous|clone|flip|aten::cat\b|catarraybatched|transpose|permute|memcpy"
+                               r"|memset|fill|aten::index|index_select|gather|scatter|aten::roll\b|roll_cuda"
+                               r"|constant_pad|aten::pad\b")),
     ("reduction", re.compile(r"reduce|aten::(sum|mean|norm|softmax)|softmax|layer_norm")),
 )
 
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     prov = provenance_columns(device, args.repeats)
     print(f"{'forward' if args.forward_only else 'forward+backward'} of one mixer, dim {args.dim}, batch "
-          f"{args.batch}, {dtype}; {provenance_line(prov)}")
+          f"{args.batch}, {dtype}; {provenance_line(prov, 'profiled iterations per case, after 3 warm-up ones')}")
     written = []
     for name in args.mixers:
         torch.manual_seed(0)

@@ -20,12 +20,13 @@ def provenance_columns(device: torch.device, repeats: int) -> dict[str, object]:
             "device_name": device_name(device), "repeats": repeats}
 
 
-def provenance_line(columns: dict[str, object]) -> str:
-    """One line for the text table: where and with what it ran."""
+def provenance_line(columns: dict[str, object],
+                    repeats: str = "timed blocks per case (median and IQR over them)") -> str:
+    """One line for the text table: where and with what it ran; `repeats` says what the repeat count counts."""
     return (f"commit {str(columns['commit'])[:10]}{' (dirty tree)' if columns['dirty'] else ''}; torch "
             f"{columns['torch_version']}; triton {columns['triton_version'] or 'not installed'}; mamba-ssm "
             f"{columns['mamba_ssm_version'] or 'not installed'}; {columns['device_name']}; "
-            f"{columns['repeats']} timed blocks per case (median and IQR over them)")
+            f"{columns['repeats']} {repeats}")
 
 
 def write_rows(path: Path, rows: list[dict[str, object]]) -> Path:
