@@ -108,7 +108,10 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
         failed = f"; failed: {', '.join(format_rate(r) for r in choice.failed)}" if choice.failed else ""
         val = int(row["val_samples"]) if math.isfinite(float(row.get("val_samples", math.nan))) else "?"
         epochs = int(row["epochs"])
-        note = grid_edge_note(choice, chance(str(row["dataset"])), val if isinstance(val, int) else 0)
+        chosen = [r for r in grid.to_dict("records")
+                  if rate_group(r) == group and rate_of(str(r["train"])) == choice.lr and r["status"] == "ok"]
+        n_val = int(chosen[0]["val_samples"]) if chosen and math.isfinite(float(chosen[0]["val_samples"])) else 0
+        note = grid_edge_note(choice, chance(str(row["dataset"])), n_val)
         lines.append(f"- {row['mixer']} ({row['dataset']}, {int(row['img_size'])} px, patch {int(row['patch_size'])}, "
                      f"{epochs} epoch{'s' * (epochs != 1)}):"
                      f" lr {format_rate(choice.lr)} (validation accuracy {curve}{failed}; {val} validation images)"
@@ -118,7 +121,7 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
 
 def grid_edge_note(choice: RateChoice, level: float | None = None, val_samples: int = 0) -> str:
     """A warning when the chosen rate is the grid's largest or smallest: the best rate may lie beyond the grid, so
-    the mixer may be under-tuned beside one whose best lies inside it. None where the choice cannot be beaten (100%
+    the mixer may be under-tuned beside one whose best lies inside it. Empty where the choice cannot be beaten (100%
     validation accuracy) or another rate of the grid ties with it. Where no rate beats chance (`level`, on
     `val_samples` images), the note says the choice is noise instead, wherever it lies."""
     best = choice.val_accuracy[choice.lr]

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-ALPHA = 0.05  # two-sided level of the test between two mixers
+ALPHA = 0.05  # level of the tests: two-sided between two mixers, one-sided against chance (`beats_chance`)
 TEST_NAME = "Welch's t-test (scipy.stats.ttest_ind, equal_var=False), two-sided, p < 0.05"
 
 # Chance accuracy (in [0, 1]) of the data sets whose class count the report knows; others have none.
