@@ -22,6 +22,10 @@ def _one_line(result: subprocess.CompletedProcess, fragment: str) -> None:
     ([], {"OUT": "x"}, "name the steps to run"),
     (["tests", "scna"], {"OUT": "x"}, "unknown step 'scna'"),
     (["sweep", "gpu_reference", "gpu_reference_h100"], {"OUT": "x"}, "sweep needs CONFIG FOLDER MINUTES"),
+    (["sweep", "gpu_reference", "gpu_reference_h100", "eight"], {"OUT": "x"}, "MINUTES must be a number of minutes"),
+    (["sweep", "gpu_reference", "../h100", "8"], {"OUT": "x"}, "FOLDER must be a folder name under results/"),
+    (["tests", "sweep", "gpu_reference", "h100", "8", "--presets", "small", "--", "scna"], {"OUT": "x"},
+     "unknown step 'scna'"),
     (["tests"], {}, "set OUT to the folder"),
 ])
 def test_the_runner_refuses_before_setup(tmp_path: Path, args: list[str], env: dict[str, str], message: str) -> None:
@@ -37,13 +41,12 @@ def test_the_scripts_parse() -> None:
         assert subprocess.run(["bash", "-n", str(SCRIPTS / script)]).returncode == 0
 
 
-@pytest.mark.parametrize("args,message", [
-    (["absent.tar.gz", "dest", "--arch", "90"], "absent.tar.gz: no such file; download it with"),
-])
-def test_the_scan_builder_refuses_a_missing_sdist(tmp_path: Path, args: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, str(SCRIPTS / "build_mamba_scan.py"), *args], cwd=tmp_path,
-                            capture_output=True, text=True)
-    _one_line(result, message)
+def test_the_scan_builder_refuses_a_missing_sdist(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "scripts.offline_gpu.build_mamba_scan",
+                             str(tmp_path / "absent.tar.gz"), str(tmp_path / "dest"), "--arch", "90"],
+                            cwd=REPO, capture_output=True, text=True)
+    _one_line(result, "absent.tar.gz: no such file; download it with")
+    assert not (tmp_path / "dest").exists()
 
 
 def test_the_scan_builder_needs_an_architecture_without_a_gpu(tmp_path: Path) -> None:
@@ -53,6 +56,6 @@ def test_the_scan_builder_needs_an_architecture_without_a_gpu(tmp_path: Path) ->
         pytest.skip("a GPU is here: its architecture is the default")
     sdist = tmp_path / "mamba_ssm-0.tar.gz"
     sdist.write_bytes(b"")
-    result = subprocess.run([sys.executable, str(SCRIPTS / "build_mamba_scan.py"), str(sdist), "dest"],
-                            cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "scripts.offline_gpu.build_mamba_scan", str(sdist),
+                             str(tmp_path / "dest")], cwd=REPO, capture_output=True, text=True)
     _one_line(result, "no GPU here to take the architecture from: name it, e.g. --arch 90")

@@ -6,7 +6,7 @@ only `selective_scan_fn` (mixers/selective_scan.py, impl `mamba_ssm_cuda`), whos
 csrc/selective_scan. This compiles those, for one architecture by default (the GPU's own), with the flags of
 mamba-ssm's setup.py, through torch's extension builder (ninja, MAX_JOBS jobs at a time):
 
-    python scripts/offline_gpu/build_mamba_scan.py mamba_ssm-2.3.2.post1.tar.gz /tmp/mamba [--arch 90]
+    python -m scripts.offline_gpu.build_mamba_scan mamba_ssm-2.3.2.post1.tar.gz /tmp/mamba [--arch 90]
     export PYTHONPATH=/tmp/mamba:$PYTHONPATH   # then `import mamba_ssm` finds the package and the extension
 
 The folder then holds the sdist's Python package `mamba_ssm` (with its metadata, so its version is found) and
@@ -23,8 +23,7 @@ import tarfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's root: its one-line argument errors
-from experiments.bench.cli import Parser  # noqa: E402
+from experiments.bench.cli import Parser
 
 SOURCES = ("selective_scan.cpp",
            *(f"selective_scan_fwd_{t}.cu" for t in ("fp32", "fp16", "bf16")),
@@ -48,11 +47,20 @@ def _local_arch() -> str | None:
     return f"{major}{minor}"
 
 
+def _dotted(arch: str) -> str:
+    """A compute capability as torch writes it: 90 -> 9.0, 90a -> 9.0a, 100 -> 10.0."""
+    digits = arch.rstrip("abcdefghijklmnopqrstuvwxyz")
+    return f"{digits[:-1]}.{digits[-1]}{arch[len(digits):]}"
+
+
 def _unpack(sdist: Path, dest: Path) -> Path:
     """The sdist's top folder, unpacked under dest/src; its `mamba_ssm` package copied to dest."""
     with tarfile.open(sdist) as tar:
         top = tar.getnames()[0].split("/")[0]
-        tar.extractall(dest / "src", filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.10.12+, 3.11.4+: refuse links and paths out of dest
+            tar.extractall(dest / "src", filter="data")
+        else:
+            tar.extractall(dest / "src")
     root = dest / "src" / top
     shutil.rmtree(dest / "mamba_ssm", ignore_errors=True)
     shutil.copytree(root / "mamba_ssm", dest / "mamba_ssm")
@@ -67,7 +75,7 @@ def _unpack(sdist: Path, dest: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="build_mamba_scan.py", description=__doc__,
+    parser = Parser(prog="python -m scripts.offline_gpu.build_mamba_scan", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sdist", type=Path, help="mamba-ssm's source archive (mamba_ssm-X.tar.gz)")
     parser.add_argument("dest", type=Path, help="folder for the package and the extension (put it on PYTHONPATH)")
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     # no CUDA device here (a build machine): keep torch from guessing architectures of its own
-    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{a[:-1]}.{a[-1]}" for a in arches)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(_dotted(a) for a in arches)
     load(name="selective_scan_cuda", sources=[str(csrc / s) for s in SOURCES], extra_include_paths=[str(csrc)],
          extra_cflags=["-O3"], extra_cuda_cflags=NVCC_FLAGS + gencode, build_directory=str(build),
          is_python_module=False, verbose=False)
