@@ -28,7 +28,7 @@ from ..measure.point import Point, point_group
 from ..measure.throughput import PROBE_TIMING
 from ..measure.timing import TimingProtocol
 from ..schema import MAX_BATCH
-from .costmodel import MiB, CostModel, _number, point_from_row, work
+from .costmodel import ELEM_BYTES, MiB, CostModel, _number, point_from_row, work
 from .runs_file import RunsFileError, latest_by_key, read_rows
 
 # A point's predicted time in a budgeted sweep may exceed the time left by this much before it is held back:
@@ -74,6 +74,16 @@ def protocol_seconds(ms: float, protocol: TimingProtocol) -> float:
     t = max(ms, 1e-6) / 1e3
     repeats = min(max(protocol.min_repeats, math.ceil(protocol.min_time_s / t)), protocol.max_repeats)
     return (protocol.warmup + repeats + 1) * t
+
+
+def resident_mb(point: Point, batch: int, training: bool) -> float:
+    """What a call's measured peak leaves out (it is taken above the memory held before the call) but the device
+    must hold beside it: the input batch of 3-channel images and the weights; for a training step fp32 master
+    weights, their gradients and AdamW's two moments, and an fp32 input."""
+    params, image = work(dataclasses.replace(point, batch_size=1)).params, 3 * point.img_size ** 2
+    if training:
+        return (16 * params + 4 * image * batch) / MiB
+    return ELEM_BYTES[point.dtype] * (params + image * batch) / MiB
 
 
 def _train_steps(point: Point, used: int | None = None) -> tuple[int, int] | None:
@@ -219,8 +229,9 @@ class Planner:
 
     def as_measured(self, point: Point) -> tuple[Point, Point | None]:
         """The point as its inference and its training step (None when it measures none) will run: at its batch,
-        or for batch max each at the largest power of two whose predicted peak fits the device memory (batch 1
-        when none does; the protocol's max_batch, an upper bound, when the memory is unknown)."""
+        or for batch max each at the largest power of two whose predicted peak, with what stays resident beside it
+        (`resident_mb`), fits the device memory (batch 1 when none does; the protocol's max_batch, an upper bound,
+        when the memory is unknown)."""
         train = point if point.measure_train_step else None
         if point.batch_size != MAX_BATCH:
             return point, train
@@ -236,7 +247,7 @@ class Planner:
         while batch <= point.timing.max_batch:
             candidate = dataclasses.replace(point, batch_size=batch)
             peak = self.model.predict(candidate, memory)
-            if peak is None or peak > self.memory_mb:
+            if peak is None or peak + resident_mb(point, batch, memory == "train_peak_mem_mb") > self.memory_mb:
                 break
             fitting, batch = candidate, batch * 2
         return fitting
