@@ -98,9 +98,11 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
              "training split less a held-out validation split; the rate with the best mean validation accuracy "
              "(ties: the smaller rate) is the one every table and figure uses, and the other seeds ran at it. "
              "The grid's own run at that rate is the grid seed's row. Test accuracy chooses nothing.", ""]
-    first = {}
+    first, ok_at_rate = {}, {}  # per setting: its first grid row; per (setting, rate): its first ok grid row
     for row in grid.to_dict("records"):
         first.setdefault(rate_group(row), row)
+        if row["status"] == "ok":
+            ok_at_rate.setdefault((rate_group(row), rate_of(str(row["train"]))), row)
     ordered = sorted(choices.items(), key=lambda item: (mixer_rank(first[item[0]]["mixer"]), item[0]))
     for group, choice in ordered:
         row = first[group]
@@ -108,9 +110,8 @@ def rate_lines(runs: pd.DataFrame) -> list[str]:
         failed = f"; failed: {', '.join(format_rate(r) for r in choice.failed)}" if choice.failed else ""
         val = int(row["val_samples"]) if math.isfinite(float(row.get("val_samples", math.nan))) else "?"
         epochs = int(row["epochs"])
-        chosen = [r for r in grid.to_dict("records")
-                  if rate_group(r) == group and rate_of(str(r["train"])) == choice.lr and r["status"] == "ok"]
-        n_val = int(chosen[0]["val_samples"]) if chosen and math.isfinite(float(chosen[0]["val_samples"])) else 0
+        chosen = ok_at_rate.get((group, choice.lr))  # its validation images size the chance test
+        n_val = int(chosen["val_samples"]) if chosen and math.isfinite(float(chosen["val_samples"])) else 0
         note = grid_edge_note(choice, chance(str(row["dataset"])), n_val)
         lines.append(f"- {row['mixer']} ({row['dataset']}, {int(row['img_size'])} px, patch {int(row['patch_size'])}, "
                      f"{epochs} epoch{'s' * (epochs != 1)}):"

@@ -171,10 +171,11 @@ class CostModel:
             # a batch-max row's training step searched its own batch, often smaller than the inference's
             train_batch = int(_number(row.get("train_batch_used")) or point.batch_size)
             w_train = w if train_batch == point.batch_size else work(replace(point, batch_size=train_batch))
+            group = cls.group(point)
             for target in TARGETS:
                 value = _number(row.get(target))
                 if value is not None and value > 0:
-                    by_target[target].append((cls.group(point), w_train if target in TRAIN_TARGETS else w, value))
+                    by_target[target].append((group, w_train if target in TRAIN_TARGETS else w, value))
         for target, items in by_target.items():
             pooled: dict[str, list] = {}
             for group, w, value in items:

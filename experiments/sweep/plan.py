@@ -219,7 +219,7 @@ class Planner:
             base = self._train_base_s(point)
             ratio = self._train_ratio.get(CostModel.group(point), self._train_ratio.get("*", 1.0))
             train_s = base * ratio if base is not None else None
-        point_s = self._point_s_without_training(point)
+        point_s = self._point_s_without_training(point, (infer, train))
         if point_s is not None and point.epochs > 0:
             point_s = point_s + train_s if train_s is not None else None
         largest = max((v for v in (peak, train_peak) if v is not None), default=None)
@@ -282,8 +282,10 @@ class Planner:
                     ".npz), so the steps per epoch are unknown")
         return "training time: no training step of this mixer at the training batch could be predicted"
 
-    def _point_s_without_training(self, point: Point) -> float | None:
-        infer, train = self.as_measured(point)
+    def _point_s_without_training(self, point: Point,
+                                  measured: tuple[Point, Point | None] | None = None) -> float | None:
+        """Wall time of the point less its training; `measured`: `as_measured(point)` where the caller has it."""
+        infer, train = measured or self.as_measured(point)
         latency = self.model.predict(infer, "latency_ms")
         overhead = self.model.predict(infer, "overhead_s")
         search = self._search_s(point, infer, "latency_ms")
