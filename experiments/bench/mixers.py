@@ -16,10 +16,10 @@ from .cli import Parser, int_at_least, positive_float
 from ..measure.timing import TimingProtocol, time_call
 
 
-def _seeded_mixer(name: str, dim: int, heads: int) -> torch.nn.Module:
+def seeded_mixer(name: str, dim: int, heads: int, **options) -> torch.nn.Module:
     """The mixer with the weights seed 0 gives, whatever was built before it."""
     torch.manual_seed(0)
-    return create_mixer(name, dim, heads, layer_idx=1)
+    return create_mixer(name, dim, heads, layer_idx=1, **options)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown mixer(s) {', '.join(unknown)}; registered: {', '.join(list_mixers())}")
     try:  # a shape a mixer refuses (dim not divisible by heads, say) is a bad argument, not a crash
-        built = {name: _seeded_mixer(name, args.dim, args.heads) for name in args.mixers or list_mixers()}
+        built = {name: seeded_mixer(name, args.dim, args.heads) for name in args.mixers or list_mixers()}
     except (TypeError, ValueError) as error:
         parser.error(f"--dim {args.dim} --heads {args.heads}: {error}")
     torch.set_num_threads(args.threads)

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from mixers import create_mixer, list_mixers
+from mixers import list_mixers
 
 from ..measure.memory import stderr_silenced
 from .cli import Parser, int_at_least
+from .mixers import seeded_mixer
 from .record import provenance_columns, provenance_line, write_rows
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -144,9 +145,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.batch}, {dtype}; {provenance_line(prov, 'profiled iterations per case, after 3 warm-up ones')}")
     written = []
     for name in args.mixers:
-        torch.manual_seed(0)
         try:
-            mixer = create_mixer(name, args.dim, args.heads, layer_idx=1, **options).to(device, dtype)
+            mixer = seeded_mixer(name, args.dim, args.heads, **options).to(device, dtype)
         except (TypeError, ValueError) as error:
             parser.error(f"{name} with --dim {args.dim} --heads {args.heads} --options {args.options}: {error}")
         for tokens, grid in grids.items():
