@@ -15,7 +15,7 @@ import torch
 
 from experiments.measure.point import Point, point_key
 from experiments.schema import COLUMNS, KEY_COLUMNS
-from experiments.sweep.__main__ import MemoryWall, main
+from experiments.sweep.__main__ import MemoryWall, key_columns, main
 from experiments.sweep.costmodel import nonnegative_fit
 from experiments.sweep.plan import Budget, Prediction, bisection_ranks, budget_order, protocol_seconds
 from experiments.sweep.runs_file import append_row, latest_by_key, read_rows
@@ -384,7 +384,7 @@ def test_the_planner_fits_each_point_s_current_row_and_a_named_scan_apart(tmp_pa
         for size in sizes:
             point = Point(mixer="mamba", preset="micro", img_size=size, patch_size=8, batch_size=1,
                           overrides=overrides)
-            rows.append({**{k: str(v) for k, v in point_key_row(point).items()}, "status": "ok",
+            rows.append({**{k: str(v) for k, v in key_columns(point).items()}, "status": "ok",
                          "latency_ms": str(truth(point, latency)), "peak_mem_mb": "1", "point_seconds": "1"})
     path = tmp_path / "runs.csv"
     for row in rows:
@@ -395,11 +395,6 @@ def test_the_planner_fits_each_point_s_current_row_and_a_named_scan_apart(tmp_pa
     assert CostModel.group(auto) != CostModel.group(named)
     assert planner.predict(auto).latency_ms == pytest.approx(truth(auto, fast), rel=1e-6)
     assert planner.predict(named).latency_ms == pytest.approx(truth(named, 2 * fast), rel=1e-6)
-
-
-def point_key_row(point: Point) -> dict[str, object]:
-    """The key columns of a runs.csv row for `point`."""
-    return {k: v for k, v in dataclasses.asdict(point).items() if k in KEY_COLUMNS}
 
 
 def test_batch_max_rows_are_fitted_at_the_batches_they_found(tmp_path: Path) -> None:
@@ -415,7 +410,7 @@ def test_batch_max_rows_are_fitted_at_the_batches_they_found(tmp_path: Path) -> 
     def row_of(point: Point, infer_batch: int, train_batch: int, keys: bool = True) -> dict[str, str]:
         at_infer = dataclasses.replace(point, batch_size=infer_batch)
         at_train = dataclasses.replace(point, batch_size=train_batch)
-        key = {k: str(v) for k, v in point_key_row(point).items()} if keys else {}
+        key = {k: str(v) for k, v in key_columns(point).items()} if keys else {}
         return {**key, "status": "ok",
                 "batch_used": str(infer_batch), "train_batch_used": str(train_batch), "point_seconds": "100",
                 **{t: str(truth(at_infer, t)) for t in ("latency_ms", "peak_mem_mb")},
