@@ -92,6 +92,14 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     # in the row rather than a side file, so runs.csv stays the one file that holds every accuracy
     "accuracy_by_bucket",
     "final_train_loss",
+    # the learning curve and the convergence rule (experiments/train; the curve itself in curves/<key hash>.csv)
+    "converged",  # True: stopped by the rule (validation stopped improving); False: ended at the maximum budget
+    "stop_reason",  # plateau | max_budget | diverged | "" (no training, or trained before the rule existed)
+    "converged_samples",  # samples seen when the best validation accuracy was first reached (within min_delta)
+    "target_accuracy",  # the validation accuracy, in [0, 1], whose first reach the next two columns time
+    "samples_to_target",  # samples seen at the first evaluation at or above target_accuracy; empty: never
+    "flops_to_target",  # training FLOPs (forward + backward, counted) spent by then; empty: never
+    "curve_points",  # evaluations recorded in the point's curve file
     "train_time_s",
     "train_img_s",
     # provenance
@@ -127,3 +135,21 @@ STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout", "skipped", "diverg
 # report draws only maps of this method). Files without the field took the sum of the centre token after the
 # final LayerNorm, which is identically zero at initialisation: their maps are round-off.
 ERF_METHOD = "relu_sum_before_final_norm"
+
+# A training's learning curve: `<sweep>/curves/<key hash>.csv` (the hash as erf/ and checkpoints/ name theirs),
+# one row per evaluation, evenly spaced in samples seen. Each row repeats the point's KEY_COLUMNS, so the report
+# joins curves to runs.csv by key and a folder of curves reads as one long table.
+CURVES_DIR = "curves"
+CURVE_COLUMNS: tuple[str, ...] = (
+    "eval_index",  # 0, 1, ... in the order evaluated; 0 is before the first optimizer step
+    "epoch",  # epochs completed, fractional (samples_seen / training images per epoch)
+    "optimizer_steps",
+    "samples_seen",  # training images drawn so far (augmented copies count once each)
+    "train_flops",  # samples_seen x train_flops_counted of the row (one image's forward + backward FLOPs)
+    "wall_s",  # training wall time so far, evaluations excluded, continued across a resume
+    "lr",  # the learning rate at this step
+    "train_loss",  # mean training loss since the previous evaluation; empty at eval_index 0
+    "val_loss",  # on the validation split (fixed, never augmented)
+    "val_accuracy",  # top-1 in [0, 1] on the validation split
+    "val_accuracy_by_bucket",  # JSON {"direction:distance": accuracy} where the task has buckets (reach), else ""
+)
