@@ -231,13 +231,21 @@ def test_plan_names_what_it_cannot_predict_and_why() -> None:
 
 
 def test_the_gpu_accuracy_reference_is_planned_whole_within_twenty_minutes(tmp_path: Path) -> None:
-    """accuracy_gpu must fit the 20 GPU minutes a reference run gets, as the committed H100 rows predict it."""
+    """accuracy_gpu must fit the 20 GPU minutes a reference run gets, as the committed H100 rows predict it.
+
+    Run from a folder with nothing beside it, as in a user's clone: the config's CIFAR subset
+    (../shared/data/cifar10-subset.npz, relative to where the sweep runs) is absent, and a dry run plans from the
+    config's train_samples, saying so, instead of failing."""
     out = tmp_path / "out"
+    alone = tmp_path / "clone"
+    alone.mkdir()
     result = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", "accuracy_gpu", "--device", "cuda",
                              "--dry-run", "--out", str(out), "--calibrate-from",
                              str(REPO / "results" / "gpu_h100" / "runs.csv")],
-                            cwd=REPO, capture_output=True, text=True, env=WITHOUT_CUDA)
+                            cwd=alone, capture_output=True, text=True,
+                            env={**WITHOUT_CUDA, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
+    assert "note: run 'cifar32' reads ../shared/data/cifar10-subset.npz, which is not here" in result.stdout
     assert "rows of " + str(REPO / "results" / "gpu_h100" / "runs.csv") + " (NVIDIA H100" in result.stdout
     minutes = re.search(r"predicted wall time of the (\d+) points: ([\d.]+) min", result.stdout)
     assert minutes and "not predicted" not in result.stdout, result.stdout[-2000:]

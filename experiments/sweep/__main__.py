@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         points = union_points(run_points)
         if args.save_weights:
             points = with_weights_paths(points, config.out_dir)
-        check_environment(config, dry_run=args.dry_run)
+        data_notes = check_environment(config, dry_run=args.dry_run)
         if not args.slurm:
             check_threads(points)
         for path in args.calibrate_from:
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
-        return _dry_run(config, run_points, args, applied)
+        return _dry_run(config, run_points, args, applied, data_notes)
     try:
         with SweepLock(config.out_dir):  # one sweep per results folder; the second says who holds it
             return _run_and_report(config, points, args, started)
@@ -469,9 +469,10 @@ def _build_planner(config: SweepConfig, points: list[Point], args: argparse.Name
 
 
 def _dry_run(config: SweepConfig, run_points: list[list[Point]], args: argparse.Namespace,
-             applied: FlagsApplied) -> int:
+             applied: FlagsApplied, data_notes: list[str]) -> int:
     """Prints what each run is and the plan: every point with its predicted cost, in the order a budgeted sweep
-    would run them (with --no-plan, the points alone, nothing measured)."""
+    would run them (with --no-plan, the points alone, nothing measured); `data_notes` say which data this
+    machine lacks (a dry run plans from sizes, not images)."""
     from mixers import list_mixers
 
     started = time.perf_counter()
@@ -479,7 +480,7 @@ def _dry_run(config: SweepConfig, run_points: list[list[Point]], args: argparse.
     shared = sum(len(run) for run in run_points) - len(points)
     stage = seed_points(config, list_mixers(), latest_by_key(read_rows(config.out_dir / "runs.csv")))
     seeds_after_grid = len(stage.ready) + len(stage.waiting)
-    print("\n".join([applied.header, *describe_runs(config, list_mixers(), run_points, applied.taken)]))
+    print("\n".join([applied.header, *describe_runs(config, list_mixers(), run_points, applied.taken), *data_notes]))
     print(f"{len(points) + seeds_after_grid} points in all"
           + (f" ({shared} shared by two runs, run once)" if shared else "")
           + (f" ({seeds_after_grid} of them seeds run after the learning-rate grid)" if seeds_after_grid else "")
@@ -543,12 +544,17 @@ def _run_seed_stage(config: SweepConfig, args: argparse.Namespace, planner: Plan
                      slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes, started=started)
 
 
-def check_environment(config: SweepConfig, dry_run: bool = False) -> None:
-    """Problems that would fail every point: say so once, before running any. A dry run only plans, so it may
-    plan for a device this machine lacks."""
+def check_environment(config: SweepConfig, dry_run: bool = False) -> list[str]:
+    """Problems that would fail every point: say so once, before running any.
+
+    A dry run only plans, so it may plan for a device or data this machine lacks: it reads no data (a plan needs
+    sizes, which a config's `train_samples` gives, not images; a CIFAR set would even be downloaded) and returns
+    one note per data set that a real run could not read here, instead of failing.
+    """
     import torch
 
-    for run in config.run_configs():
+    notes = []
+    for name, run in zip(config.run_names(), config.run_configs()):
         if run.device == "cuda" and not torch.cuda.is_available() and not dry_run:
             raise ConfigError("device: cuda was asked for but torch sees no CUDA device; use --device cpu "
                               "(or --dry-run to plan it)")
@@ -557,7 +563,16 @@ def check_environment(config: SweepConfig, dry_run: bool = False) -> None:
         if run.epochs > 0:
             from ..train.datasets import check_dataset_available
 
-            check_dataset_available(run.dataset, data_dir=run.data_dir or None, data_path=run.data_path or None)
+            if not dry_run:
+                check_dataset_available(run.dataset, data_dir=run.data_dir or None, data_path=run.data_path or None)
+            elif run.dataset not in DATASET_NAMES:
+                raise DatasetError(f"unknown data set {run.dataset!r}; choose one of {', '.join(DATASET_NAMES)}")
+            elif run.dataset == "npz" and not Path(run.data_path).is_file():
+                notes.append(f"note: run {name!r} reads {run.data_path or '(no --data-path)'}, which is "
+                             "not here: planned without it (the training images counted from the config's "
+                             "train_samples; without them the time is unknown); a real run needs the file "
+                             "(--data-path)")
+    return notes
 
 
 def check_compile(device: str) -> None:
