@@ -40,9 +40,8 @@ from .identity import keep_rows
 from .legacy_rows import reread
 from .plots_mfu import mfu_figures
 from .summary_extra import extra_summary_lines, headline_mfu_lines
-from .crossover import (
-    FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
-)
+from .crossover import FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table
+from .mixer_order import mixer_rank
 
 # Without these a point cannot be placed or its costs read: the rest of the schema is optional.
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPTIONAL_KEYS) + (

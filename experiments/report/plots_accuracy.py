@@ -17,7 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from .crossover import COST_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank
+from .crossover import COST_KEYS, accuracy_facet_keys, accuracy_rows, cost_points
+from .mixer_order import mixer_rank
 from .stats import above_chance
 from .tables import accuracy_summary
 from .plots import (

@@ -12,7 +12,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .crossover import COST_KEYS, accuracy_rows, cost_points, mixer_rank
+from .crossover import COST_KEYS, accuracy_rows, cost_points
+from .mixer_order import mixer_rank
 from .plots import COST_LABELS, FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _save
 
 PATCH_MARKERS = ("o", "s", "^", "D", "v", "P")

@@ -14,12 +14,13 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, mixer_rank
+from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows
+from .mixer_order import mixer_rank
 from .plots import (
     FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, facets, mixer_style,
     percent_error_bars,
 )
-from .stats import ALPHA, TEST_NAME, chance, seed_stats, welch_p
+from .stats import ACCURACY_BOUNDS, ALPHA, TEST_NAME, chance, seed_stats, welch_p
 from .tables import MISSING, sort_rows
 
 DIRECTION_ORDER = ("horizontal", "vertical", "diagonal")
@@ -54,7 +55,7 @@ def _summarise(buckets: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     records = []
     for values, sub in buckets.groupby(_group_keys(buckets), sort=False, dropna=False):
-        stats = seed_stats(sub["bucket_accuracy"])
+        stats = seed_stats(sub["bucket_accuracy"], ACCURACY_BOUNDS)
         level = chance(str(sub["dataset"].iloc[0]))
         records.append({**dict(zip(_group_keys(buckets), values)), "accuracy": stats["mean"],
                         "accuracy_sd": stats["sd"], "ci_low": stats["ci_low"], "ci_high": stats["ci_high"],

@@ -13,11 +13,11 @@ import pandas as pd
 
 from ..lr_grid import format_rate
 from ..schema import MAX_BATCH
-from .stats import chance, seed_stats
+from .stats import ACCURACY_BOUNDS, chance, seed_stats
 from .crossover import (
-    COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, curve_keys, mixer_rank,
-    varying_keys,
+    COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, curve_keys, varying_keys,
 )
+from .mixer_order import mixer_rank
 from .flags import add_flags, point_flags
 
 # Readable headers, with units, for every column a table can show.
@@ -252,7 +252,7 @@ def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accura
     """
     records = []
     for values, sub in rows.groupby(group, sort=False, dropna=False):
-        stats = seed_stats(sub[column] * 100)
+        stats = seed_stats(sub[column] * 100, ACCURACY_BOUNDS)
         level = chance(str(sub["dataset"].iloc[0])) if "dataset" in sub else None
         record = dict(zip(group, values if isinstance(values, tuple) else (values,)))
         record.update(accuracy=stats["mean"], accuracy_sd=stats["sd"], accuracy_ci_low=stats["ci_low"],
@@ -371,7 +371,7 @@ def to_markdown(display: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
-def to_latex(display: pd.DataFrame, caption: str, label: str) -> str:
+def to_latex(display: pd.DataFrame, caption: str, label: str, notes: tuple[str, ...] = ()) -> str:
     """A booktabs table, ready to `\\input`; needs `\\usepackage{booktabs,graphicx}`.
 
     Wide tables are scaled to the line width rather than left to run into the margin.
@@ -380,6 +380,7 @@ def to_latex(display: pd.DataFrame, caption: str, label: str) -> str:
         display: the cells, escaped here.
         caption: LaTeX source, written as is.
         label: the `\\label` key.
+        notes: footnotes (plain text, escaped here), set small under the table.
     """
     align = "".join("r" if _is_numeric(display[c]) else "l" for c in display.columns)
     wide = len(display.columns) > 8
@@ -398,13 +399,16 @@ def to_latex(display: pd.DataFrame, caption: str, label: str) -> str:
         *(" & ".join(_latex_escape(v) for v in row) + " \\\\" for row in display.itertuples(index=False)),
         "\\bottomrule",
         "\\end{tabular}" + ("}" if wide else ""),
+        *(f"\\par\\footnotesize {_latex_escape(note)}" for note in notes),
         "\\end{table}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, caption: str) -> list[Path]:
-    """Write `<stem>.csv` (numeric), `<stem>.md` and `<stem>.tex` (display, with `caption` as LaTeX source).
+def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, caption: str,
+                notes: tuple[str, ...] = ()) -> list[Path]:
+    """Write `<stem>.csv` (numeric), `<stem>.md` and `<stem>.tex` (display, with `caption` as LaTeX source, and
+    `notes` as footnotes under the Markdown and LaTeX tables: what a marker or an interval means).
 
     Returns:
         The paths written.
@@ -413,8 +417,9 @@ def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, captio
     if display.empty:
         display = pd.DataFrame({"": ["no data"]})  # still a valid table, so links and \input never break
     numeric.to_csv(paths[0], index=False, float_format="%.6g")  # measurement noise is far above 6 digits
-    paths[1].write_text(to_markdown(display), encoding="utf-8")
-    paths[2].write_text(to_latex(display, caption, f"tab:{stem.name}"), encoding="utf-8")
+    footer = "".join(f"\n{note}\n" for note in notes)
+    paths[1].write_text(to_markdown(display) + footer, encoding="utf-8")
+    paths[2].write_text(to_latex(display, caption, f"tab:{stem.name}", notes), encoding="utf-8")
     return paths
 
 
