@@ -18,6 +18,7 @@ from .crossover import (
     COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, curve_keys, varying_keys,
 )
 from .mixer_order import mixer_rank
+from .convergence import UNCONVERGED_MARK, converged_cell, converged_flags
 from .flags import add_flags, point_flags
 
 # Readable headers, with units, for every column a table can show.
@@ -228,14 +229,21 @@ def accuracy_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     shown += [k for k in accuracy_facet_keys(runs)] + list(POINT_KEYS)
     shown = list(dict.fromkeys(shown))
     spread = ["accuracy", "accuracy_sd", "accuracy_ci_low", "accuracy_ci_high", "seeds", "chance"]
+    spread += ["converged"] if "converged" in table and table["converged"].ne("").any() else []
     # No best_accuracy: the best epoch on the test split is test-set selection (a diagnostic column of runs.csv).
     values = [c for c in ("lr", "val_accuracy", "train_time_s") if c in table and table[c].notna().any()] + costs
     numeric = sort_rows(table[shown + spread + values], [k for k in shown if k not in POINT_KEYS] + ["patch_size", "tokens"])
     display = numeric[shown].astype(str)
-    display["Top-1 acc. (%, mean ± s.d.)"] = [fmt_spread(m, s) for m, s in zip(numeric["accuracy"], numeric["accuracy_sd"])]
+    # The accuracy of a setting some seed of which did not converge carries the mark, explained in a footnote.
+    marks = numeric["converged"].map(lambda c: f" {UNCONVERGED_MARK}" if c.endswith(UNCONVERGED_MARK) else "") \
+        if "converged" in numeric else pd.Series("", index=numeric.index)
+    display["Top-1 acc. (%, mean ± s.d.)"] = [fmt_spread(m, s) + mark for m, s, mark in
+                                              zip(numeric["accuracy"], numeric["accuracy_sd"], marks)]
     display["95% CI (%)"] = [_interval_cell(lo, hi) for lo, hi in zip(numeric["accuracy_ci_low"], numeric["accuracy_ci_high"])]
     display["n"] = numeric["seeds"].astype(int).astype(str)
     display["Chance (%)"] = numeric["chance"].map(lambda v: fmt_number(v, 3))
+    if "converged" in numeric:
+        display["Converged"] = numeric["converged"].replace("", MISSING)
     display = pd.concat([display, _metric_cells(numeric, [], values)], axis=1)
     if "lr" in values:  # rates read as people write them (3e-4), not as 0.000300
         display[HEADERS["lr"]] = numeric["lr"].map(lambda v: format_rate(v) if math.isfinite(v) else MISSING)
@@ -248,7 +256,8 @@ def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accura
     Returns:
         The group columns, then accuracy, accuracy_sd, accuracy_ci_low, accuracy_ci_high, seeds, chance (percent;
         NaN where unknown), and the rate (when one), the mean val_accuracy (percent) and the median
-        train_time_s when the rows have them.
+        train_time_s when the rows have them; `converged` (`convergence.converged_cell`: "yes", "no †", "k/n †",
+        or "" where not recorded).
     """
     records = []
     for values, sub in rows.groupby(group, sort=False, dropna=False):
@@ -264,6 +273,7 @@ def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accura
             record["val_accuracy"] = sub["val_accuracy"].mean() * 100
         if "train_time_s" in sub:
             record["train_time_s"] = sub["train_time_s"].median()
+        record["converged"] = converged_cell(converged_flags(sub))  # "" where not recorded
         records.append(record)
     return pd.DataFrame.from_records(records)
 
@@ -423,7 +433,7 @@ def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, captio
     return paths
 
 
-_NUMERIC_CELL = re.compile(r"^(–|-?[\d,]+(\.\d+)?( ± [\d,]+(\.\d+)?)?)$")
+_NUMERIC_CELL = re.compile(r"^(–|-?[\d,]+(\.\d+)?( ± [\d,]+(\.\d+)?)?( †)?)$")
 
 
 def _is_numeric(column: pd.Series) -> bool:
@@ -436,7 +446,7 @@ _LATEX_SPECIALS = {
     "\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_",
     "{": "\\{", "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
 }
-_LATEX_UNICODE = {"±": "$\\pm$", "≈": "$\\approx$", "–": "--", "≥": "$\\geq$"}
+_LATEX_UNICODE = {"±": "$\\pm$", "≈": "$\\approx$", "–": "--", "≥": "$\\geq$", "†": "\\dag{}"}
 
 
 def _latex_escape(text: object) -> str:
