@@ -534,7 +534,7 @@ _FIGURE_CAPTIONS: dict[str, str] = {
     "lr_grid": "Learning-rate grid: validation accuracy against the rate, the chosen rate ringed.",
     "reach": "Reach: accuracy against mark distance per direction (mean and 95% interval over seeds).",
     "erf": "Effective receptive field of the centre token, per mixer, at initialisation and after training.",
-    "curves_reach": "Learning curves per reach bucket: validation accuracy against samples seen (mean and range "
+    "curves_buckets": "Learning curves per reach bucket: validation accuracy against samples seen (mean and range "
                     "over seeds).",
     "curves": "Learning curves: validation accuracy against training FLOPs and samples seen (mean and range over "
               "seeds; a hollow end: not converged).",

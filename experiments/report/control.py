@@ -111,7 +111,8 @@ def control_verdicts(summary: pd.DataFrame, setting: list[str]) -> pd.DataFrame:
             continue
         failed = [b for b, a in accuracies.items() if math.isfinite(a) and a < CONTROL_ACCURACY]
         records.append({**record, "control": shown, "verdict": UNDER_TRAINED if failed else "passes",
-                        "reason": (f"below {CONTROL_ACCURACY:.0f}% where {control.why}" if failed else control.why)})
+                        "reason": (f"below {CONTROL_ACCURACY:.0f}% on a bucket it covers ({control.why})" if failed
+                                   else control.why)})
     return pd.DataFrame.from_records(records)
 
 

@@ -21,15 +21,21 @@ from .convergence import converged_flags
 from .crossover import accuracy_facet_keys, accuracy_rows
 from .curves import bucket_curves
 from .mixer_order import mixer_rank
-from .plots import FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, facets, mixer_style
+from .plots import (
+    FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, NiceLogLocator, _legend_columns, _mixer_handle, _plain_labels, _save,
+    facets, mixer_style,
+)
 from .reach import DIRECTION_ORDER
 from .stats import chance
 
-# The x axes of the learning curves: (curve column, label with unit).
+# The x axes of the learning curves: (curve column, label; "{unit}" is the FLOP unit `_flop_unit` picks).
 CURVE_AXES: tuple[tuple[str, str], ...] = (
-    ("train_flops", "Training FLOPs (forward + backward, counted)"),
+    ("train_flops", "Training compute ({unit}, fwd + bwd, counted)"),
     ("samples_seen", "Training samples seen"),
 )
+# FLOP units by size, so tick labels stay short and plain ("20", not "2 x 10^10").
+FLOP_UNITS: tuple[tuple[float, str], ...] = ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"),
+                                              (1e6, "MFLOP"), (1.0, "FLOP"))
 # A positive range at least this wide (max / min) is drawn on a log axis.
 LOG_SPAN = 10.0
 BAND_ALPHA = 0.18
@@ -50,7 +56,7 @@ def curve_rows(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
 
 def curve_figures(runs: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> list[Path]:
     """`curves{suffix}`: accuracy against training FLOPs and samples seen per setting; and, for tasks with
-    buckets, `curves_reach{suffix}`: a panel per bucket against samples seen.
+    buckets, `curves_buckets{suffix}`: a panel per bucket against samples seen.
 
     Args:
         runs: the loaded runs.
@@ -72,8 +78,13 @@ def curve_figures(runs: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> li
             per_bucket = buckets.merge(facet.rows[["row", "mixer", "seed", "_converged", "dataset"]]
                                        .drop_duplicates("row"), on="row")
             per_bucket["val_accuracy"] *= 100
-            paths += _save(_bucket_figure(per_bucket, facet.title), out_dir / f"curves_reach{facet.suffix}")
+            paths += _save(_bucket_figure(per_bucket, facet.title), out_dir / f"curves_buckets{facet.suffix}")
     return paths
+
+
+def _flop_unit(largest: float) -> tuple[float, str]:
+    """(divisor, name) of the largest FLOP unit at most `largest`."""
+    return next(((scale, name) for scale, name in FLOP_UNITS if largest >= scale), FLOP_UNITS[-1])
 
 
 def _mean_band(curve: pd.DataFrame, x: str) -> pd.DataFrame:
@@ -108,6 +119,8 @@ def _draw_curves(ax: Axes, rows: pd.DataFrame, x: str) -> None:
                 markerfacecolor="white" if done else style.color, linestyle="none")
     if log:
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(NiceLogLocator(fallback_bins=4))
+    _plain_labels(ax.xaxis)
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
 
 
@@ -149,7 +162,10 @@ def _curve_figure(rows: pd.DataFrame, title: str) -> Figure:
     fig = Figure(figsize=(width, PANEL_HEIGHT + 0.9), layout="constrained")
     axes = fig.subplots(1, len(CURVE_AXES), squeeze=False, sharey=True)[0]
     chance_drawn = target_drawn = False
+    scale, unit = _flop_unit(float(rows["train_flops"].max()))
+    rows = rows.assign(train_flops=rows["train_flops"] / scale)
     for ax, (x, label) in zip(axes, CURVE_AXES):
+        label = label.format(unit=unit)
         _draw_curves(ax, rows, x)
         chance_drawn = _chance_line(ax, str(rows["dataset"].iloc[0]))
         target_drawn = _target_line(ax, rows)
@@ -187,7 +203,8 @@ def _bucket_figure(buckets: pd.DataFrame, title: str) -> Figure:
                 ax.set_ylabel("Val. accuracy (%)", fontsize=7)
     seeds = int(buckets.groupby("mixer")["seed"].nunique().min())
     caption = f"per bucket, mean over {seeds} seed{'s' * (seeds != 1)}" + (", band: range" if seeds > 1 else "")
-    fig.suptitle(" · ".join(t for t in ("Learning curves", title, caption) if t), fontsize=8.5)
+    # Two lines: a figure of two buckets is narrower than the title and caption side by side.
+    fig.suptitle(" · ".join(t for t in ("Learning curves", title) if t) + "\n" + caption, fontsize=8)
     _legend(fig, sorted(buckets["mixer"].unique(), key=mixer_rank), width, chance(str(buckets["dataset"].iloc[0]))
             is not None, False, seeds)
     return fig
