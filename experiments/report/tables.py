@@ -433,7 +433,7 @@ def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, captio
     return paths
 
 
-_NUMERIC_CELL = re.compile(r"^(–|-?[\d,]+(\.\d+)?( ± [\d,]+(\.\d+)?)?( †)?)$")
+_NUMERIC_CELL = re.compile(r"^(–|-?[\d,]+(\.\d+)?( ± [\d,]+(\.\d+)?)?( [†‡]{1,2})?)$")
 
 
 def _is_numeric(column: pd.Series) -> bool:
