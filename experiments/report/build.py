@@ -204,8 +204,9 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
     return tables + figures + [summary]
 
 
-def _write_outputs(runs: pd.DataFrame, sweep_dir: Path, tables_dir: Path, figures_dir: Path,
-                   curve_data: Curves | None = None) -> tuple[list[Path], list[Path], tuple[pd.DataFrame, pd.DataFrame]]:
+def _write_outputs(
+    runs: pd.DataFrame, sweep_dir: Path, tables_dir: Path, figures_dir: Path, curve_data: Curves | None = None,
+) -> tuple[list[Path], list[Path], tuple[pd.DataFrame, pd.DataFrame]]:
     """Every table and figure of `runs` (and its learning curves), written into the two (new) folders; also the
     display frames of the exponents and crossovers, which the summary repeats."""
     curve_data = load_curves(sweep_dir, runs) if curve_data is None else curve_data

@@ -107,7 +107,8 @@ def control_verdicts(summary: pd.DataFrame, setting: list[str]) -> pd.DataFrame:
         shown = "; ".join(f"{b.replace(':', ' ')}: {a:.1f}%" if math.isfinite(a) else f"{b.replace(':', ' ')}: "
                           "not measured" for b, a in accuracies.items())
         if not any(math.isfinite(a) for a in accuracies.values()):
-            records.append({**record, "control": shown, "verdict": "no control", "reason": "control bucket not measured"})
+            records.append({**record, "control": shown, "verdict": "no control",
+                            "reason": "control bucket not measured"})
             continue
         failed = [b for b, a in accuracies.items() if math.isfinite(a) and a < CONTROL_ACCURACY]
         records.append({**record, "control": shown, "verdict": UNDER_TRAINED if failed else "passes",

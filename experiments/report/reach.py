@@ -156,7 +156,8 @@ def reach_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     varying = [k for k in accuracy_facet_keys(runs) if k in summary and k != "overrides"]
     index = [*varying, "direction", "distance"]
     keys = [tuple(r[c] for c in [*setting, "mixer"]) for r in summary.to_dict("records")]
-    summary = summary.assign(cell=[_cell(r) + _marks(cautions.get(k, [])) for (_, r), k in zip(summary.iterrows(), keys)],
+    cells = [_cell(r) + _marks(cautions.get(k, [])) for (_, r), k in zip(summary.iterrows(), keys)]
+    summary = summary.assign(cell=cells,
                              under_trained=[UNDER_TRAINED in cautions.get(k, []) for k in keys])
     wide = summary.pivot_table(index=index, columns="mixer", values="cell", aggfunc="first", sort=False)
     wide = wide[sorted(wide.columns, key=mixer_rank)].fillna(MISSING).reset_index()

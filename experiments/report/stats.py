@@ -5,7 +5,8 @@ The interval is mean ± t(0.975, n - 1) x s.d. / sqrt(n), Student's t because a 
 t is 4.30, not 1.96). An accuracy's interval is clipped to [0, 100]% (`ACCURACY_BOUNDS`, `INTERVAL_NOTE`): with 3
 seeds one of which stays at chance the t interval runs past 100%, which no accuracy can reach. Clipping keeps the
 t interval where it is meaningful and says nothing new where it is not; an interval made for proportions (Wilson's)
-would treat the seeds as Bernoulli trials, which they are not. Quantiles and tests come from scipy.stats, a maintained library, not from tables typed here.
+would treat the seeds as Bernoulli trials, which they are not. Quantiles and tests come from scipy.stats, a
+maintained library, not from tables typed here.
 Two mixers differ when Welch's t-test (`scipy.stats.ttest_ind(equal_var=False)`: unequal variances, as two mixers'
 seeds have) rejects equal means at `ALPHA`; the report names the test wherever it says so.
 """
