@@ -86,6 +86,8 @@ def curve_sweep(folder: Path, convergence: bool = True) -> Path:
             writer.writerows({**key, **p} for p in points)
     truncated = folder / CURVES_DIR / "08.csv"  # mymixer, seed 2: killed inside a write
     truncated.write_bytes(truncated.read_bytes()[:-40])
+    short = folder / CURVES_DIR / "05.csv"  # swin, seed 2: cut at a line's end, fewer evaluations than its row's
+    short.write_text("".join(short.read_text(encoding="utf-8").splitlines(keepends=True)[:11]), encoding="utf-8")
     (folder / CURVES_DIR / "foreign.csv").write_text("a,b\n1,2\n", encoding="utf-8")
     return folder
 
@@ -98,10 +100,10 @@ def sweep(tmp_path: Path) -> Path:
 def test_curves_join_by_key_and_skip_a_truncated_or_foreign_file(sweep: Path) -> None:
     runs = load_runs(sweep / "runs.csv")
     curves = load_curves(sweep, runs)
-    assert curves.points["row"].nunique() == len(runs) - 1  # every row but the truncated one
-    assert len(curves.points) == (len(runs) - 1) * EVALS
+    assert curves.points["row"].nunique() == len(runs) - 2  # every row but the two truncated ones
+    assert len(curves.points) == (len(runs) - 2) * EVALS
     notes = " ".join(curves.notes)
-    assert "08.csv" in notes and "truncated" in notes and "foreign.csv" in notes
+    assert "08.csv" in notes and "05.csv: truncated (holds 10 of the 21" in notes and "foreign.csv" in notes
 
 
 def test_curves_are_drawn_per_mixer_with_seeds_banded(sweep: Path) -> None:

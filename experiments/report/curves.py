@@ -60,8 +60,14 @@ def load_curves(sweep_dir: Path, runs: pd.DataFrame) -> Curves:
         except _SkippedCurve as skipped:
             notes.append(f"{CURVES_DIR}/{path.name}: {skipped}")
             continue
-        if frame is not None:
-            frames.append(frame)
+        if frame is None:
+            continue
+        expected = runs.at[frame["row"].iloc[0], "curve_points"] if "curve_points" in runs else math.nan
+        if math.isfinite(expected) and len(frame) < expected:  # cut at a line's end: complete lines, too few
+            notes.append(f"{CURVES_DIR}/{path.name}: truncated (holds {len(frame)} of the {int(expected)} "
+                         "evaluations its row records)")
+            continue
+        frames.append(frame)
     points = pd.concat(frames, ignore_index=True) if frames else empty
     points = points.sort_values(["row", "eval_index"], ignore_index=True)
     return Curves(points, tuple(notes))
