@@ -265,16 +265,27 @@ def reach_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
         return []
     keys = [k for k in accuracy_facet_keys(runs) if k in summary and k != "overrides"]
     group = _group_keys(buckets)
+    failed = under_trained(control_verdicts(summary, _setting(summary)), _setting(summary))
+    failed_mixers = {key[-1] for key in failed}
     paths = []
     for facet in facets(summary, keys, context=("epochs",)):
         per_seed = buckets.merge(facet.rows[group].drop_duplicates(), on=group)  # this facet's runs, a dot each
-        paths += _save(_reach_figure(facet.rows, per_seed, facet.title), out_dir / f"reach{facet.suffix}")
+        marked = {m for m in facet.rows["mixer"].unique() if m in failed_mixers and
+                  any(key[-1] == m and key[:-1] in _settings_of(facet.rows) for key in failed)}
+        paths += _save(_reach_figure(facet.rows, per_seed, facet.title, marked), out_dir / f"reach{facet.suffix}")
     return paths
 
 
-def _reach_figure(rows: pd.DataFrame, per_seed: pd.DataFrame, title: str) -> Figure:
+def _settings_of(rows: pd.DataFrame) -> set[tuple]:
+    """The reach settings (`_setting`) present in `rows`."""
+    setting = _setting(rows)
+    return {tuple(r[c] for c in setting) for r in rows[setting].drop_duplicates().to_dict("records")}
+
+
+def _reach_figure(rows: pd.DataFrame, per_seed: pd.DataFrame, title: str, under: set[str] = frozenset()) -> Figure:
     """Means with clipped 95% intervals, and each seed as a faint dot: with 3 seeds a bimodal spread (some seeds
-    learn, others stay at chance) reads off the dots, not off an interval. Mixers are dodged along x."""
+    learn, others stay at chance) reads off the dots, not off an interval. Mixers are dodged along x; a mixer in
+    `under` failed its positive control and says "under-trained" in the legend."""
     directions = sorted(rows["direction"].unique(), key=lambda d: (DIRECTION_ORDER + (d,)).index(d))
     width = (PANEL_WIDTH + 0.1) * len(directions) + FIGURE_MARGIN
     fig = Figure(figsize=(width, PANEL_HEIGHT + 0.8), layout="constrained")
@@ -304,6 +315,9 @@ def _reach_figure(rows: pd.DataFrame, per_seed: pd.DataFrame, title: str) -> Fig
     caption = f"mean and 95% CI (clipped to 0-100%) over {seeds} seed{'s' * (seeds != 1)}, dots: seeds"
     fig.suptitle(f"{title} · {caption}".strip(" ·"), fontsize=8.5)
     handles = [_mixer_handle(m, linestyle=mixer_style(m).linestyle) for m in mixers]
+    for handle in handles:
+        if handle.get_label() in under:
+            handle.set_label(f"{handle.get_label()} ({UNDER_TRAINED})")
     if math.isfinite(level):
         handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=2.2,
