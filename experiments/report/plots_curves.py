@@ -82,6 +82,18 @@ def curve_figures(runs: pd.DataFrame, points: pd.DataFrame, out_dir: Path) -> li
     return paths
 
 
+def _seed_counts(rows: pd.DataFrame) -> tuple[int, int]:
+    """The fewest and the most seeds with a curve that any mixer has."""
+    counts = rows.groupby("mixer")["seed"].nunique()
+    return int(counts.min()), int(counts.max())
+
+
+def _seed_text(seeds: tuple[int, int]) -> str:
+    """"3 seeds", "1 seed", or "2-3 seeds" where mixers differ (a curve file skipped)."""
+    low, high = seeds
+    return f"{low} seed{'s' * (low != 1)}" if low == high else f"{low}-{high} seeds"
+
+
 def _flop_unit(largest: float) -> tuple[float, str]:
     """(divisor, name) of the largest FLOP unit at most `largest`."""
     return next(((scale, name) for scale, name in FLOP_UNITS if largest >= scale), FLOP_UNITS[-1])
@@ -141,13 +153,16 @@ def _target_line(ax: Axes, rows: pd.DataFrame) -> bool:
     return True
 
 
-def _legend(fig: Figure, mixers: list[str], width: float, chance_drawn: bool, target_drawn: bool,
+def _legend(fig: Figure, rows: pd.DataFrame, width: float, chance_drawn: bool, target_drawn: bool,
             seeds: int) -> None:
+    """The mixers' key, then what the band, a hollow end and the dashed and dotted lines mean where drawn."""
+    mixers = sorted(rows["mixer"].unique(), key=mixer_rank)
     handles = [_mixer_handle(m, linestyle=mixer_style(m).linestyle) for m in mixers]
     if seeds > 1:
         handles.append(Line2D([], [], color="0.6", linewidth=5, alpha=0.4, label="range over seeds"))
-    handles.append(Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="none",
-                          label="end: not converged (max. budget)"))
+    if any(f is False for f in rows.drop_duplicates("row")["_converged"]):
+        handles.append(Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="none",
+                              label="end: not converged (max. budget)"))
     if target_drawn:
         handles.append(Line2D([], [], color="0.35", linestyle="--", linewidth=0.8, label="target accuracy"))
     if chance_drawn:
@@ -171,10 +186,10 @@ def _curve_figure(rows: pd.DataFrame, title: str) -> Figure:
         target_drawn = _target_line(ax, rows)
         ax.set_xlabel(label + (" (log)" if _log_x(rows[x]) else ""))
     axes[0].set_ylabel("Validation top-1 accuracy (%)")
-    seeds = int(rows.groupby("mixer")["seed"].nunique().min())
-    caption = f"mean over {seeds} seed{'s' * (seeds != 1)}" + (", band: their range" if seeds > 1 else "")
+    seeds = _seed_counts(rows)
+    caption = f"mean over {_seed_text(seeds)}" + (", band: their range" if max(seeds) > 1 else "")
     fig.suptitle(" · ".join(t for t in ("Learning curves", title, caption) if t), fontsize=8.5)
-    _legend(fig, sorted(rows["mixer"].unique(), key=mixer_rank), width, chance_drawn, target_drawn, seeds)
+    _legend(fig, rows, width, chance_drawn, target_drawn, max(seeds))
     return fig
 
 
@@ -201,10 +216,9 @@ def _bucket_figure(buckets: pd.DataFrame, title: str) -> Figure:
                 ax.set_xlabel("Samples seen" + (" (log)" if _log_x(buckets["samples_seen"]) else ""), fontsize=7)
             if j == 0:
                 ax.set_ylabel("Val. accuracy (%)", fontsize=7)
-    seeds = int(buckets.groupby("mixer")["seed"].nunique().min())
-    caption = f"per bucket, mean over {seeds} seed{'s' * (seeds != 1)}" + (", band: range" if seeds > 1 else "")
+    seeds = _seed_counts(buckets)
+    caption = f"per bucket, mean over {_seed_text(seeds)}" + (", band: range" if max(seeds) > 1 else "")
     # Two lines: a figure of two buckets is narrower than the title and caption side by side.
     fig.suptitle(" · ".join(t for t in ("Learning curves", title) if t) + "\n" + caption, fontsize=8)
-    _legend(fig, sorted(buckets["mixer"].unique(), key=mixer_rank), width, chance(str(buckets["dataset"].iloc[0]))
-            is not None, False, seeds)
+    _legend(fig, buckets, width, chance(str(buckets["dataset"].iloc[0])) is not None, False, max(seeds))
     return fig
