@@ -67,7 +67,9 @@ def convergence_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             "converged_samples": sub["converged_samples"].mean(),
             "samples_to_target": sub["samples_to_target"].mean(), "flops_to_target": sub["flops_to_target"].mean(),
             "reached": int(sub["samples_to_target"].notna().sum()),
-            "_samples_cell": reach_cell(sub["samples_to_target"]), "_flops_cell": reach_cell(sub["flops_to_target"]),
+            # No stated target: nothing was timed, so neither a number nor "never".
+            "_samples_cell": reach_cell(sub["samples_to_target"]) if sub["target_accuracy"].notna().any() else MISSING,
+            "_flops_cell": reach_cell(sub["flops_to_target"]) if sub["target_accuracy"].notna().any() else MISSING,
         })
     table = summary.merge(pd.DataFrame.from_records(records), on=SETTING_KEYS, how="left")
     shown = list(dict.fromkeys(["mixer", *accuracy_facet_keys(runs), *POINT_KEYS]))
