@@ -33,16 +33,22 @@ from .plots_accuracy import accuracy_figures
 from .plots_accuracy_n import accuracy_n_figures
 from .plots_lr import lr_figures
 from .rates import budget_lines, named_rows, rate_lines, without_named_rates
-from .reach import reach_figures, reach_summary_lines, reach_tables, separation_tables
+from .reach import (
+    control_tables, reach_figures, reach_notes, reach_summary_lines, reach_tables, separation_tables,
+)
+from .convergence import UNRECORDED_NOTE, convergence_notes, converged_flags, provisional_note, recorded
+from .curves import Curves, load_curves
+from .plots_curves import curve_figures
+from .stats import INTERVAL_NOTE
+from .tables_convergence import convergence_tables, reach_bucket_tables
 from .plots_cost import patch_figures, wall_figures
 from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
 from .identity import keep_rows
 from .legacy_rows import reread
 from .plots_mfu import mfu_figures
 from .summary_extra import extra_summary_lines, headline_mfu_lines
-from .crossover import (
-    FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table, mixer_rank,
-)
+from .crossover import FIT_POINTS, accuracy_rows, cost_points, crossover_table, curve_keys, exponent_table
+from .mixer_order import mixer_rank
 
 # Without these a point cannot be placed or its costs read: the rest of the schema is optional.
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPTIONAL_KEYS) + (
@@ -51,7 +57,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(k for k in KEY_COLUMNS if k not in OPT
 # Schema columns that hold text (JSON included); every other schema column is numeric.
 TEXT_COLUMNS: frozenset[str] = frozenset({
     "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "compile", "impl", "status", "error",
-    "accuracy_by_bucket", "lr_stage", "lr_source", "trainer",
+    "accuracy_by_bucket", "lr_stage", "lr_source", "trainer", "converged", "stop_reason",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
     "python_version", "timestamp", "timing_mode", "triton_version", "mamba_ssm_version",
 })
@@ -74,6 +80,10 @@ TABLE_CAPTIONS: dict[str, str] = {
     "reach_separations": r"Reach buckets where Welch's $t$-test separates two mixers (two-sided, $p < 0.05$).",
     "erf": r"Radii (patches) around the centre token holding 50\% and 90\% of its effective receptive field.",
     "plan_accuracy": r"The cost planner's prediction against the measurement, per point that ran.",
+    "convergence": r"Per training setting: whether it converged, the test accuracy it converged to, and the "
+                   r"samples and training FLOPs it needed to first reach the target validation accuracy.",
+    "reach_control": r"Reach positive control: each mixer's accuracy on the bucket(s) its first layer(s) cover.",
+    "reach_to_target": r"Reach: samples seen until each bucket's validation accuracy first reached the target.",
 }
 
 
@@ -166,7 +176,9 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
     # file by file with os.replace: a failure (or a kill) midway leaves the previous report as it was.
     staging = Path(tempfile.mkdtemp(prefix=".report-", dir=sweep_dir))
     try:
-        tables, figures, frames = _write_outputs(runs, sweep_dir, staging / TABLES_DIR, staging / FIGURES_DIR)
+        curve_data = load_curves(sweep_dir, runs)
+        tables, figures, frames = _write_outputs(runs, sweep_dir, staging / TABLES_DIR, staging / FIGURES_DIR,
+                                                 curve_data)
         tables = [sweep_dir / p.relative_to(staging) for p in tables]
         figures = [sweep_dir / p.relative_to(staging) for p in figures]
         text = render_summary(sweep_dir, runs, tables, figures, *frames)
@@ -175,6 +187,7 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
             text += "\n## Planner accuracy (predicted / measured)\n\n" + report_tables.to_markdown(planner)
         text += "\n" + "\n".join(extra_summary_lines(runs, cost_curve_rows(runs)))
         reach_lines = rate_lines(runs) + budget_lines(runs) + report_tables.parameter_lines(runs)
+        reach_lines += convergence_lines(runs, curve_data)
         reach_lines += reach_summary_lines(runs)
         reach_lines += [line for line in [outdated_maps_line(sweep_dir, runs)] if line]
         if reach_lines:
@@ -191,10 +204,12 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
     return tables + figures + [summary]
 
 
-def _write_outputs(runs: pd.DataFrame, sweep_dir: Path, tables_dir: Path,
-                   figures_dir: Path) -> tuple[list[Path], list[Path], tuple[pd.DataFrame, pd.DataFrame]]:
-    """Every table and figure of `runs`, written into the two (new) folders; also the display frames of the
-    exponents and crossovers, which the summary repeats."""
+def _write_outputs(
+    runs: pd.DataFrame, sweep_dir: Path, tables_dir: Path, figures_dir: Path, curve_data: Curves | None = None,
+) -> tuple[list[Path], list[Path], tuple[pd.DataFrame, pd.DataFrame]]:
+    """Every table and figure of `runs` (and its learning curves), written into the two (new) folders; also the
+    display frames of the exponents and crossovers, which the summary repeats."""
+    curve_data = load_curves(sweep_dir, runs) if curve_data is None else curve_data
     tables_dir.mkdir(parents=True)
     figures_dir.mkdir(parents=True)
     curves = cost_curve_rows(runs)
@@ -207,24 +222,68 @@ def _write_outputs(runs: pd.DataFrame, sweep_dir: Path, tables_dir: Path,
     tables = report_tables.write_table(*costs, tables_dir / "costs", TABLE_CAPTIONS["costs"])
     tables += report_tables.write_table(*exponent_frames, tables_dir / "exponents", TABLE_CAPTIONS["exponents"])
     tables += report_tables.write_table(*crossover_frames, tables_dir / "crossovers", TABLE_CAPTIONS["crossovers"])
-    if not accuracy_rows(runs).empty:
+    trained = accuracy_rows(runs)
+    if not trained.empty:
         tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",
-                                            TABLE_CAPTIONS["accuracy"])
+                                            TABLE_CAPTIONS["accuracy"], (INTERVAL_NOTE, *convergence_notes(trained)))
+    convergence = convergence_tables(runs)
+    if not convergence[0].empty:
+        tables += report_tables.write_table(*convergence, tables_dir / "convergence", TABLE_CAPTIONS["convergence"],
+                                            (INTERVAL_NOTE, *convergence_notes(trained), _NEVER_NOTE))
     if not predicted_rows(runs).empty:
         tables += report_tables.write_table(*plan_accuracy_tables(runs), tables_dir / "plan_accuracy",
                                             TABLE_CAPTIONS["plan_accuracy"])
     reach = reach_tables(runs)
     if not reach[0].empty:
-        tables += report_tables.write_table(*reach, tables_dir / "reach", TABLE_CAPTIONS["reach"])
+        tables += report_tables.write_table(*reach, tables_dir / "reach", TABLE_CAPTIONS["reach"],
+                                            reach_notes(reach[0]))
+        tables += report_tables.write_table(*control_tables(runs), tables_dir / "reach_control",
+                                            TABLE_CAPTIONS["reach_control"])
         tables += report_tables.write_table(*separation_tables(runs), tables_dir / "reach_separations",
                                             TABLE_CAPTIONS["reach_separations"])
+    to_target = reach_bucket_tables(runs, curve_data.points)
+    if not to_target[0].empty:
+        tables += report_tables.write_table(*to_target, tables_dir / "reach_to_target",
+                                            TABLE_CAPTIONS["reach_to_target"], (_NEVER_NOTE,))
     erf_maps = maps_at_chosen_rates(load_maps(sweep_dir, runs), runs)
     if not erf_maps.empty:
         tables += report_tables.write_table(*erf_tables(erf_maps), tables_dir / "erf", TABLE_CAPTIONS["erf"])
     figures = write_figures(runs, exponents, crossovers, figures_dir, curves)
     with matplotlib.rc_context(RC):
+        figures += curve_figures(runs, curve_data.points, figures_dir)
         figures += erf_figures(erf_maps, figures_dir)
     return tables, figures, (exponent_frames[1], crossover_frames[1])
+
+
+# The footnote of a table that times the first reach of a target.
+_NEVER_NOTE = ("Samples (and training FLOPs) to target: the mean over the seeds whose validation accuracy reached the "
+               "target, first evaluation at or above it; (k/n) where only k of n seeds did; \"never\" where none did.")
+
+
+def convergence_lines(runs: pd.DataFrame, curve_data: Curves) -> list[str]:
+    """A summary section on the learning curves and the convergence rule: how many trainings converged, which
+    did not (so that no ranking on them reads as final), curve files left out; or that none were recorded."""
+    trained = accuracy_rows(runs)
+    if trained.empty:
+        return []
+    lines = ["## Learning curves and convergence", ""]
+    flags = converged_flags(trained)
+    if not recorded(trained).any() and curve_data.points.empty:
+        return lines + [f"- {UNRECORDED_NOTE}", *(f"- curve file skipped: {n}" for n in curve_data.notes), ""]
+    done, cut = sum(f is True for f in flags), sum(f is False for f in flags)
+    lines.append(f"- {done} of {len(trained)} trainings converged (validation accuracy stopped improving), {cut} "
+                 f"ended at their maximum budget or diverged, {len(trained) - done - cut} trained before the rule "
+                 "(not recorded).")
+    open_ = sorted(set(trained.loc[flags.map(lambda f: f is False), "mixer"]), key=mixer_rank)
+    if open_:
+        lines.append(f"- {provisional_note(open_)}: every table marks their accuracy, and any ranking of a mixer "
+                     "against them is provisional (its accuracy may still rise with more samples).")
+    drawn = set(curve_data.points["row"]) & set(trained.index)
+    missing = len(trained) - len(drawn)
+    lines.append(f"- learning curves: {len(drawn)} of {len(trained)} trainings"
+                 + (f"; {missing} without a curve file" if missing else ""))
+    lines += [f"- curve file skipped: {note}" for note in curve_data.notes]
+    return lines + [""]
 
 
 def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
@@ -452,7 +511,10 @@ def _table_links(tables: list[Path], link: Callable[[Path], str]) -> list[str]:
     """One bullet per table, its Markdown first."""
     titles = {"costs": "Costs per point", "exponents": "Scaling exponents", "crossovers": "Crossovers",
               "accuracy": "Accuracy per trained point", "reach": "Reach accuracy per direction and distance",
-              "reach_separations": "Reach buckets that separate two mixers", "erf": "Receptive field radii"}
+              "reach_separations": "Reach buckets that separate two mixers", "erf": "Receptive field radii",
+              "convergence": "Convergence and the two numbers per training (converged accuracy, samples to target)",
+              "reach_control": "Reach positive control per mixer",
+              "reach_to_target": "Reach: samples to the target accuracy per bucket"}
     lines = []
     for stem in dict.fromkeys(p.stem for p in tables):
         files = {p.suffix: p for p in tables if p.stem == stem}
@@ -473,6 +535,10 @@ _FIGURE_CAPTIONS: dict[str, str] = {
     "lr_grid": "Learning-rate grid: validation accuracy against the rate, the chosen rate ringed.",
     "reach": "Reach: accuracy against mark distance per direction (mean and 95% interval over seeds).",
     "erf": "Effective receptive field of the centre token, per mixer, at initialisation and after training.",
+    "curves_buckets": "Learning curves per reach bucket: validation accuracy against samples seen (mean and range "
+                    "over seeds).",
+    "curves": "Learning curves: validation accuracy against training FLOPs and samples seen (mean and range over "
+              "seeds; a hollow end: not converged).",
 }
 
 
@@ -573,7 +639,7 @@ def write_headline(readme: Path, sweep_dir: Path, section: str = "") -> None:
 
 # The accuracy columns a headline keeps: what was learnt, how sure, and at what size and cost.
 _HEADLINE_ACCURACY = ("Mixer", "Dataset", "Overrides", "Image (px)", "Patch (px)", "Top-1 acc. (%, mean ± s.d.)",
-                      "95% CI (%)", "n", "Chance (%)", "Params (M)", "GMACs / img")
+                      "95% CI (%)", "n", "Converged", "Chance (%)", "Params (M)", "GMACs / img")
 
 
 def _headline_accuracy(runs: pd.DataFrame, sweep_dir: Path, base: Path) -> list[str]:
@@ -588,4 +654,5 @@ def _headline_accuracy(runs: pd.DataFrame, sweep_dir: Path, base: Path) -> list[
         *(f"![{f.stem}]({f.resolve().relative_to(base).as_posix()})" for f in figures[:1]),
         "",
         report_tables.to_markdown(display[[c for c in _HEADLINE_ACCURACY if c in display]]),
+        *(f"{note}\n" for note in (INTERVAL_NOTE, *convergence_notes(accuracy_rows(runs)))),
     ]

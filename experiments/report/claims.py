@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import tables as report_tables
-from .claims_setting import SETTING_FIELDS, claims_setting
+from .claims_setting import CLAIMS_DIR, SETTING_FIELDS, claims_path, claims_setting
 from .flags import DIRTY, is_dirty
 
 if sys.version_info >= (3, 11):
@@ -20,7 +20,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-CLAIMS_DIR = Path(__file__).parent / "claims"
 NO_VERDICT = "none (launch-bound batch)"
 
 
@@ -30,9 +29,7 @@ class ClaimsError(ValueError):
 
 def load_claims(name_or_path: str) -> tuple[str, list[dict]]:
     """(source, claims) of a named claims file or a TOML path."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = CLAIMS_DIR / f"{name_or_path}.toml"
+    path = claims_path(name_or_path)
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in CLAIMS_DIR.glob("*.toml")))
         raise ClaimsError(f"no claims file {name_or_path!r}; named ones: {known}, or give a .toml path")

@@ -17,6 +17,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+# Named claims files: `--claims vim_1248` reads claims/vim_1248.toml here.
+CLAIMS_DIR = Path(__file__).parent / "claims"
+
 # The file-level fields beside `source` and `[[claims]]` (claims.load_claims accepts them).
 SETTING_FIELDS = ("setting", "differences", "verdict_min_batch")
 
@@ -30,11 +33,12 @@ class ClaimsSetting:
 
 def claims_setting(name_or_path: str) -> ClaimsSetting:
     """The file-level fields of a claims file (read after `claims.load_claims` has checked it)."""
-    from .claims import CLAIMS_DIR
-
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = CLAIMS_DIR / f"{name_or_path}.toml"
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    data = tomllib.loads(claims_path(name_or_path).read_text(encoding="utf-8"))
     return ClaimsSetting(str(data.get("setting", "")), tuple(str(d) for d in data.get("differences", [])),
                          int(data.get("verdict_min_batch", 1)))
+
+
+def claims_path(name_or_path: str) -> Path:
+    """The file a claims name stands for: a path as given, or a bare name (no suffix) in `CLAIMS_DIR`."""
+    path = Path(name_or_path)
+    return CLAIMS_DIR / f"{name_or_path}.toml" if not path.suffix else path

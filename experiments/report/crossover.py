@@ -15,13 +15,12 @@ import numpy as np
 import pandas as pd
 
 from ..schema import KEY_COLUMNS
+from .mixer_order import mixer_rank
+from .rates import at_chosen_rates
 
 # The exponent is the slope over the largest sizes only: at small N the linear parts of the model (patch
 # embedding, MLPs, projections) dominate and would pull every mixer's slope towards 1.
 FIT_POINTS = 3
-
-# Built-in mixers in display order; a mixer a user adds sorts after them, alphabetically.
-BUILTIN_MIXERS: tuple[str, ...] = ("attention", "attention_naive", "swin", "linear", "mamba")
 
 # Costs whose ratio is within this of 1 (in log) at every point are equal, not "never cheaper".
 EQUAL_TOLERANCE = 1e-6
@@ -142,13 +141,6 @@ def find_crossover(tokens: np.ndarray, cost: np.ndarray, ref_cost: np.ndarray) -
     return Crossover("crosses" if cheaper[-1] else "only_below", crossing)
 
 
-def mixer_rank(name: str) -> tuple[int, str]:
-    """Sort key that puts the built-in mixers first, in their fixed order (a series split by implementation,
-    "mamba (torch_stream)", beside its mixer)."""
-    base = name.split(" (", 1)[0]
-    return (BUILTIN_MIXERS.index(base) if base in BUILTIN_MIXERS else len(BUILTIN_MIXERS), name)
-
-
 def varying_keys(runs: pd.DataFrame, keys: tuple[str, ...] = KEY_COLUMNS) -> list[str]:
     """Columns of `keys` that take more than one value in `runs`, in the order given."""
     return [c for c in keys if runs[c].nunique(dropna=False) > 1]
@@ -171,8 +163,6 @@ def _per_mixer(runs: pd.DataFrame, key: str) -> bool:
 def accuracy_rows(runs: pd.DataFrame) -> pd.DataFrame:
     """The rows that trained for accuracy and have one: ok, with a non-empty `accuracy`; where a learning-rate
     grid ran, only those at each setting's rate chosen on validation (`rates.at_chosen_rates`)."""
-    from .rates import at_chosen_rates
-
     runs = at_chosen_rates(runs)
     return runs[(runs["status"] == "ok") & runs["accuracy"].notna()]
 

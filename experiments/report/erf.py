@@ -17,10 +17,10 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from ..runs_csv import OPTIONAL_KEYS
 from ..schema import ERF_METHOD, KEY_COLUMNS
-from .crossover import mixer_rank
+from .mixer_order import mixer_rank
 from .plots import _save, facets
+from .point_keys import key_text, normalised_key, ok_row_keys
 from .stats import seed_stats
 
 ERF_DIR = "erf"
@@ -73,7 +73,7 @@ def maps_at_chosen_rates(maps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame
     chosen = at_chosen_rates(ok)
 
     def key(row) -> tuple[str, ...]:
-        return tuple(_key_text(row.get(c, "")) for c in KEY_COLUMNS)
+        return tuple(key_text(row.get(c, "")) for c in KEY_COLUMNS)
 
     train_by_key = {key(ok.loc[index]): train for index, train in zip(chosen.index, chosen["train"])}
     keys = [key(row) for row in maps.to_dict("records")]
@@ -97,8 +97,7 @@ def _map_files(sweep_dir: Path, runs: pd.DataFrame) -> list[tuple[dict, dict[str
     folder = sweep_dir / ERF_DIR
     if not folder.is_dir():
         return []
-    ok = runs[runs["status"] == "ok"]
-    known = {tuple(_key_text(row[c]) for c in KEY_COLUMNS) for _, row in ok.iterrows()}
+    known = ok_row_keys(runs)
     found = []
     for path in sorted(folder.glob("*.npz")):
         try:
@@ -109,19 +108,10 @@ def _map_files(sweep_dir: Path, runs: pd.DataFrame) -> list[tuple[dict, dict[str
                 method = str(f["method"]) if "method" in f.files else ""
         except (OSError, KeyError, ValueError):
             continue  # a foreign or truncated file: not ours to report
-        # An optional key a map lacks (saved before the column) or left empty reads as runs.csv reads it.
-        key = {c: OPTIONAL_KEYS[c] if c in OPTIONAL_KEYS and not str(key.get(c, "")).strip() else key.get(c, "")
-               for c in KEY_COLUMNS}
-        if tuple(_key_text(key[c]) for c in KEY_COLUMNS) in known:
+        key = normalised_key(key)
+        if tuple(key_text(key[c]) for c in KEY_COLUMNS) in known:
             found.append((key, maps, patch, method))
     return found
-
-
-def _key_text(value: object) -> str:
-    """A key cell as text, integers without ".0", so JSON and CSV values compare equal."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def erf_radii(maps: pd.DataFrame) -> pd.DataFrame:

@@ -355,7 +355,7 @@ def percent_error_bars(mean: pd.Series, low: pd.Series, high: pd.Series) -> list
     """`yerr` for accuracy in %: the interval clipped to [0, 100], and none where there is no interval.
 
     A 95% t interval from 3 seeds can pass 100% (a bimodal spread: some seeds learn, others do not); an axis
-    running to 140% would say nothing that the clipped bar and the tables, which keep the t bounds, do not.
+    running to 140% would say nothing that the clipped bar does not (the tables clip it too: `stats.ACCURACY_BOUNDS`).
     """
     below = (mean - low.clip(lower=0)).clip(lower=0).fillna(0)
     above = (high.clip(upper=100) - mean).clip(lower=0).fillna(0)

@@ -17,7 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from .crossover import COST_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, mixer_rank
+from .crossover import COST_KEYS, accuracy_facet_keys, accuracy_rows, cost_points
+from .mixer_order import mixer_rank
+from .convergence import UNCONVERGED_MARK
 from .stats import above_chance
 from .tables import accuracy_summary
 from .plots import (
@@ -73,9 +75,19 @@ def _accuracy_figure(facet: Facet, points: pd.DataFrame, costs: list[str]) -> Fi
                           label="95% CI over seeds (clipped to 0-100%)"))
     if math.isfinite(level):
         handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
+    if _unconverged(points).any():
+        handles.append(Line2D([], [], color="0.25", marker="o", markerfacecolor="white", linestyle="none",
+                              label=f"hollow: not converged {UNCONVERGED_MARK} (a lower bound; front provisional)"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=1.6,
                ncol=_legend_columns([h.get_label() for h in handles], width, handle_in=1.6 * 7 / 72))
     return fig
+
+
+def _unconverged(points: pd.DataFrame) -> pd.Series:
+    """True for the points some seed of which is recorded as not converged (`tables.accuracy_summary`)."""
+    if "converged" not in points:
+        return pd.Series(False, index=points.index)
+    return points["converged"].fillna("").astype(str).str.endswith(UNCONVERGED_MARK)
 
 
 def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
@@ -98,8 +110,12 @@ def _draw_accuracy_panel(ax: Axes, points: pd.DataFrame, cost: str, label_front:
     as a step line, its points optionally labelled."""
     for mixer, group in points.groupby("mixer"):
         style = mixer_style(mixer)
-        ax.scatter(group[cost], group["accuracy"], color=style.color, marker=style.marker, s=30, zorder=3,
-                   edgecolors="white", linewidths=0.5)
+        # A setting some seed of which did not converge is drawn hollow: its accuracy is a lower bound.
+        hollow = _unconverged(group)
+        ax.scatter(group.loc[~hollow, cost], group.loc[~hollow, "accuracy"], color=style.color, marker=style.marker,
+                   s=30, zorder=3, edgecolors="white", linewidths=0.5)
+        ax.scatter(group.loc[hollow, cost], group.loc[hollow, "accuracy"], facecolors="white", marker=style.marker,
+                   s=30, zorder=3, edgecolors=style.color, linewidths=1.0)
         yerr = percent_error_bars(group["accuracy"], group["accuracy_ci_low"], group["accuracy_ci_high"])
         ax.errorbar(group[cost], group["accuracy"], yerr=yerr, fmt="none",
                     ecolor=style.color, elinewidth=0.9, capsize=2, zorder=2.5)

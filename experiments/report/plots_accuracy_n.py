@@ -12,7 +12,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .crossover import COST_KEYS, accuracy_rows, cost_points, mixer_rank
+from .convergence import UNCONVERGED_MARK, converged_flags
+from .crossover import COST_KEYS, accuracy_rows, cost_points
+from .mixer_order import mixer_rank
 from .plots import COST_LABELS, FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _save
 
 PATCH_MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -25,8 +27,12 @@ def accuracy_n_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     if trained.empty or trained.groupby("mixer")["tokens"].nunique().max() < 2:
         return []
     cost = "latency_ms" if runs["latency_ms"].notna().any() else "gmacs"
-    points = trained.groupby(["mixer", "dataset", "img_size", "patch_size", "tokens"], as_index=False)["accuracy"].mean()
+    point = ["mixer", "dataset", "img_size", "patch_size", "tokens"]
+    points = trained.groupby(point, as_index=False)["accuracy"].mean()
     points["accuracy"] *= 100
+    # A point some seed of which ended unconverged is drawn hollow: its accuracy is a lower bound.
+    flags = trained.assign(_open=converged_flags(trained).map(lambda f: f is False))
+    points = points.merge(flags.groupby(point, as_index=False)["_open"].any(), on=point)
     costs = cost_points(runs[runs["mixer"].isin(points["mixer"])], [cost])
     costs = costs.merge(trained[list(COST_KEYS)].drop_duplicates(), on=list(COST_KEYS))  # the trained configurations
     costs = costs.groupby(["mixer", "img_size", "patch_size", "tokens"], as_index=False)[cost].median()
@@ -44,7 +50,8 @@ def accuracy_n_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
             top.plot(line["tokens"], line["accuracy"], color="0.35", linestyle=DATASET_STYLES[d % 4], linewidth=1)
             for p, patch in enumerate(patches):
                 at = points[(points["mixer"] == mixer) & (points["dataset"] == dataset) & (points["patch_size"] == patch)]
-                top.scatter(at["tokens"], at["accuracy"], marker=PATCH_MARKERS[p % 6], color="0.15", s=22, zorder=3)
+                top.scatter(at["tokens"], at["accuracy"], marker=PATCH_MARKERS[p % 6], s=22, zorder=3,
+                            facecolors=["white" if o else "0.15" for o in at["_open"]], edgecolors="0.15")
         mine = costs[costs["mixer"] == mixer]
         for p, patch in enumerate(patches):
             at = mine[mine["patch_size"] == patch].sort_values("tokens")
@@ -59,6 +66,9 @@ def accuracy_n_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     handles = [Line2D([], [], color="0.35", linestyle=DATASET_STYLES[d % 4], label=ds) for d, ds in enumerate(datasets)]
     handles += [Line2D([], [], color="0.15", marker=PATCH_MARKERS[p % 6], linestyle="none", label=f"patch {patch} px")
                 for p, patch in enumerate(patches)]
+    if points["_open"].any():
+        handles.append(Line2D([], [], color="0.15", marker="o", markerfacecolor="white", linestyle="none",
+                              label=f"hollow: not converged {UNCONVERGED_MARK}"))
     fig.suptitle("Accuracy (mean over seeds, each mixer at its chosen rate) and cost against token count N",
                  fontsize=8.5)
     fig.legend(handles=handles, loc="outside lower center", frameon=False,

@@ -16,8 +16,8 @@ from matplotlib.lines import Line2D
 
 from .crossover import (
     FIT_POINTS, REFERENCES, accuracy_rows, cost_points, curve_keys, curve_points, facet_keys, first_failures,
-    mixer_rank,
 )
+from .mixer_order import mixer_rank
 from .plots import (
     FIGURE_MARGIN, Facet, NiceLogLocator, PANEL_HEIGHT, PANEL_WIDTH, STATUS_MARKERS, _legend_columns,
     _measured_ticks, _mixer_legend, _plain_labels, _save, _select, facets, mixer_style,

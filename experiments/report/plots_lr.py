@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ..lr_grid import rate_group
-from .crossover import mixer_rank
+from .mixer_order import mixer_rank
 from .plots import FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _legend_columns, _mixer_handle, _save, mixer_style
 from .rates import grid_rows, rate_choices
 from ..lr_grid import rate_of

@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .crossover import curve_keys, curve_points, mixer_rank
+from .crossover import curve_keys, curve_points
+from .mixer_order import mixer_rank
 from .plots import FIGURE_MARGIN, PANEL_HEIGHT, PANEL_WIDTH, _mixer_legend, _save, _select, facets, mixer_style
 from .plots_cost import _style_token_axis
 

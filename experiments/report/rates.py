@@ -13,7 +13,7 @@ import pandas as pd
 from ..lr_grid import (GRID_STAGE, SEED_STAGE, RateChoice, choose_rates, format_rate, rate_group, rate_of,
                        recipe_without_rate)
 from ..schema import KEY_COLUMNS
-from .crossover import mixer_rank
+from .mixer_order import mixer_rank
 from .stats import ALPHA, beats_chance, chance
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .crossover import COST_KEYS, mixer_rank
+from .crossover import COST_KEYS
+from .mixer_order import mixer_rank
 
 
 def launch_floors(runs: pd.DataFrame) -> pd.DataFrame:

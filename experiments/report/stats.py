@@ -2,7 +2,11 @@
 two mixers differ; chance levels of tasks.
 
 The interval is mean ± t(0.975, n - 1) x s.d. / sqrt(n), Student's t because a sweep has few seeds (with 3 seeds
-t is 4.30, not 1.96). Quantiles and tests come from scipy.stats, a maintained library, not from tables typed here.
+t is 4.30, not 1.96). An accuracy's interval is clipped to [0, 100]% (`ACCURACY_BOUNDS`, `INTERVAL_NOTE`): with 3
+seeds one of which stays at chance the t interval runs past 100%, which no accuracy can reach. Clipping keeps the
+t interval where it is meaningful and says nothing new where it is not; an interval made for proportions (Wilson's)
+would treat the seeds as Bernoulli trials, which they are not. Quantiles and tests come from scipy.stats, a
+maintained library, not from tables typed here.
 Two mixers differ when Welch's t-test (`scipy.stats.ttest_ind(equal_var=False)`: unequal variances, as two mixers'
 seeds have) rejects equal means at `ALPHA`; the report names the test wherever it says so.
 """
@@ -43,10 +47,22 @@ def welch_p(a: pd.Series | np.ndarray, b: pd.Series | np.ndarray) -> float:
         return float(scipy_stats.ttest_ind(x, y, equal_var=False).pvalue)
 
 
-def seed_stats(values: pd.Series | np.ndarray) -> dict[str, float]:
+# The range an accuracy in percent lives in: its interval never leaves it.
+ACCURACY_BOUNDS: tuple[float, float] = (0.0, 100.0)
+# The footnote of every table that shows an accuracy interval.
+INTERVAL_NOTE = ("95% interval: Student's t over seeds (mean ± t(0.975, n - 1) x s.d. / sqrt(n)), clipped to "
+                 "[0, 100]%; none with one seed.")
+
+
+def seed_stats(values: pd.Series | np.ndarray, bounds: tuple[float, float] | None = None) -> dict[str, float]:
     """Mean, s.d. (n - 1), half-width and bounds of the 95% t interval, and n of the finite values.
 
     With one value the s.d. and the interval are NaN: one seed says nothing about the spread.
+
+    Args:
+        values: one value per seed.
+        bounds: the range the quantity lives in (`ACCURACY_BOUNDS` for an accuracy in percent): the interval's
+            bounds are clipped to it; `ci_half` stays the unclipped half-width.
     """
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
@@ -54,7 +70,10 @@ def seed_stats(values: pd.Series | np.ndarray) -> dict[str, float]:
     mean = float(x.mean()) if n else math.nan
     sd = float(x.std(ddof=1)) if n > 1 else math.nan
     half = t975(n - 1) * sd / math.sqrt(n) if n > 1 else math.nan
-    return {"mean": mean, "sd": sd, "ci_half": half, "ci_low": mean - half, "ci_high": mean + half, "n": n}
+    low, high = mean - half, mean + half
+    if bounds is not None and n > 1:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return {"mean": mean, "sd": sd, "ci_half": half, "ci_low": low, "ci_high": high, "n": n}
 
 
 def chance(dataset: str) -> float | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from . import tables as report_tables
-from .crossover import curve_keys, mixer_rank
+from .crossover import curve_keys
+from .mixer_order import mixer_rank
 from .flags import flag_lines
 from .identity import split_lines
 from .legacy_rows import reread_lines

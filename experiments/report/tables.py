@@ -13,11 +13,12 @@ import pandas as pd
 
 from ..lr_grid import format_rate
 from ..schema import MAX_BATCH
-from .stats import chance, seed_stats
+from .stats import ACCURACY_BOUNDS, chance, seed_stats
 from .crossover import (
-    COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, curve_keys, mixer_rank,
-    varying_keys,
+    COST_KEYS, COST_METRICS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows, cost_points, curve_keys, varying_keys,
 )
+from .mixer_order import mixer_rank
+from .convergence import UNCONVERGED_MARK, converged_cell, converged_flags
 from .flags import add_flags, point_flags
 
 # Readable headers, with units, for every column a table can show.
@@ -228,14 +229,21 @@ def accuracy_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     shown += [k for k in accuracy_facet_keys(runs)] + list(POINT_KEYS)
     shown = list(dict.fromkeys(shown))
     spread = ["accuracy", "accuracy_sd", "accuracy_ci_low", "accuracy_ci_high", "seeds", "chance"]
+    spread += ["converged"] if "converged" in table and table["converged"].ne("").any() else []
     # No best_accuracy: the best epoch on the test split is test-set selection (a diagnostic column of runs.csv).
     values = [c for c in ("lr", "val_accuracy", "train_time_s") if c in table and table[c].notna().any()] + costs
     numeric = sort_rows(table[shown + spread + values], [k for k in shown if k not in POINT_KEYS] + ["patch_size", "tokens"])
     display = numeric[shown].astype(str)
-    display["Top-1 acc. (%, mean ± s.d.)"] = [fmt_spread(m, s) for m, s in zip(numeric["accuracy"], numeric["accuracy_sd"])]
+    # The accuracy of a setting some seed of which did not converge carries the mark, explained in a footnote.
+    marks = numeric["converged"].map(lambda c: f" {UNCONVERGED_MARK}" if c.endswith(UNCONVERGED_MARK) else "") \
+        if "converged" in numeric else pd.Series("", index=numeric.index)
+    display["Top-1 acc. (%, mean ± s.d.)"] = [fmt_spread(m, s) + mark for m, s, mark in
+                                              zip(numeric["accuracy"], numeric["accuracy_sd"], marks)]
     display["95% CI (%)"] = [_interval_cell(lo, hi) for lo, hi in zip(numeric["accuracy_ci_low"], numeric["accuracy_ci_high"])]
     display["n"] = numeric["seeds"].astype(int).astype(str)
     display["Chance (%)"] = numeric["chance"].map(lambda v: fmt_number(v, 3))
+    if "converged" in numeric:
+        display["Converged"] = numeric["converged"].replace("", MISSING)
     display = pd.concat([display, _metric_cells(numeric, [], values)], axis=1)
     if "lr" in values:  # rates read as people write them (3e-4), not as 0.000300
         display[HEADERS["lr"]] = numeric["lr"].map(lambda v: format_rate(v) if math.isfinite(v) else MISSING)
@@ -248,11 +256,12 @@ def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accura
     Returns:
         The group columns, then accuracy, accuracy_sd, accuracy_ci_low, accuracy_ci_high, seeds, chance (percent;
         NaN where unknown), and the rate (when one), the mean val_accuracy (percent) and the median
-        train_time_s when the rows have them.
+        train_time_s when the rows have them; `converged` (`convergence.converged_cell`: "yes", "no †", "k/n †",
+        or "" where not recorded).
     """
     records = []
     for values, sub in rows.groupby(group, sort=False, dropna=False):
-        stats = seed_stats(sub[column] * 100)
+        stats = seed_stats(sub[column] * 100, ACCURACY_BOUNDS)
         level = chance(str(sub["dataset"].iloc[0])) if "dataset" in sub else None
         record = dict(zip(group, values if isinstance(values, tuple) else (values,)))
         record.update(accuracy=stats["mean"], accuracy_sd=stats["sd"], accuracy_ci_low=stats["ci_low"],
@@ -264,6 +273,7 @@ def accuracy_summary(rows: pd.DataFrame, group: list[str], column: str = "accura
             record["val_accuracy"] = sub["val_accuracy"].mean() * 100
         if "train_time_s" in sub:
             record["train_time_s"] = sub["train_time_s"].median()
+        record["converged"] = converged_cell(converged_flags(sub))  # "" where not recorded
         records.append(record)
     return pd.DataFrame.from_records(records)
 
@@ -371,7 +381,7 @@ def to_markdown(display: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
-def to_latex(display: pd.DataFrame, caption: str, label: str) -> str:
+def to_latex(display: pd.DataFrame, caption: str, label: str, notes: tuple[str, ...] = ()) -> str:
     """A booktabs table, ready to `\\input`; needs `\\usepackage{booktabs,graphicx}`.
 
     Wide tables are scaled to the line width rather than left to run into the margin.
@@ -380,6 +390,7 @@ def to_latex(display: pd.DataFrame, caption: str, label: str) -> str:
         display: the cells, escaped here.
         caption: LaTeX source, written as is.
         label: the `\\label` key.
+        notes: footnotes (plain text, escaped here), set small under the table.
     """
     align = "".join("r" if _is_numeric(display[c]) else "l" for c in display.columns)
     wide = len(display.columns) > 8
@@ -398,13 +409,16 @@ def to_latex(display: pd.DataFrame, caption: str, label: str) -> str:
         *(" & ".join(_latex_escape(v) for v in row) + " \\\\" for row in display.itertuples(index=False)),
         "\\bottomrule",
         "\\end{tabular}" + ("}" if wide else ""),
+        *(f"\\par\\footnotesize {_latex_escape(note)}" for note in notes),
         "\\end{table}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, caption: str) -> list[Path]:
-    """Write `<stem>.csv` (numeric), `<stem>.md` and `<stem>.tex` (display, with `caption` as LaTeX source).
+def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, caption: str,
+                notes: tuple[str, ...] = ()) -> list[Path]:
+    """Write `<stem>.csv` (numeric), `<stem>.md` and `<stem>.tex` (display, with `caption` as LaTeX source, and
+    `notes` as footnotes under the Markdown and LaTeX tables: what a marker or an interval means).
 
     Returns:
         The paths written.
@@ -413,12 +427,13 @@ def write_table(numeric: pd.DataFrame, display: pd.DataFrame, stem: Path, captio
     if display.empty:
         display = pd.DataFrame({"": ["no data"]})  # still a valid table, so links and \input never break
     numeric.to_csv(paths[0], index=False, float_format="%.6g")  # measurement noise is far above 6 digits
-    paths[1].write_text(to_markdown(display), encoding="utf-8")
-    paths[2].write_text(to_latex(display, caption, f"tab:{stem.name}"), encoding="utf-8")
+    footer = "".join(f"\n{note}\n" for note in notes)
+    paths[1].write_text(to_markdown(display) + footer, encoding="utf-8")
+    paths[2].write_text(to_latex(display, caption, f"tab:{stem.name}", notes), encoding="utf-8")
     return paths
 
 
-_NUMERIC_CELL = re.compile(r"^(–|-?[\d,]+(\.\d+)?( ± [\d,]+(\.\d+)?)?)$")
+_NUMERIC_CELL = re.compile(r"^(–|-?[\d,]+(\.\d+)?( ± [\d,]+(\.\d+)?)?( [†‡]{1,2})?)$")
 
 
 def _is_numeric(column: pd.Series) -> bool:
@@ -431,7 +446,7 @@ _LATEX_SPECIALS = {
     "\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_",
     "{": "\\{", "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
 }
-_LATEX_UNICODE = {"±": "$\\pm$", "≈": "$\\approx$", "–": "--", "≥": "$\\geq$"}
+_LATEX_UNICODE = {"±": "$\\pm$", "≈": "$\\approx$", "–": "--", "≥": "$\\geq$", "†": "\\dag{}"}
 
 
 def _latex_escape(text: object) -> str:
