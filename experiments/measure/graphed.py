@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from .oom import is_out_of_memory
+
 TIMING_MODES: tuple[str, ...] = ("eager", "graphed")
 CAPTURE_WARMUP = 3  # eager calls on a side stream before capture (lazy init, autotuning, allocator pools)
 
@@ -55,8 +57,6 @@ def capture(call: Callable[[], object], device: torch.device, warmup: Callable[[
     except GraphUnavailable:
         raise
     except Exception as error:  # noqa: BLE001 - an out-of-memory stays one; anything else cannot be captured
-        from .run import is_out_of_memory
-
         if is_out_of_memory(error):
             raise
         first = (str(error).strip().splitlines() or [""])[0][:300]

@@ -5,7 +5,6 @@ Called inside an isolated worker (experiments/sweep/isolation.py), so an out-of-
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from ..schema import MAX_BATCH
 from . import graphed
 from .counting import flop_counter_flops, flop_counter_train_flops, fvcore_macs
 from .memory import MiB, peak_memory
+from .oom import is_out_of_memory
 from .point import Point
 from .provenance import provenance
 from .rates import add_rates
@@ -35,34 +35,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # run; never set outside tests (tests/test_faults.py).
 FAULT_VARIABLE = "MIXERBENCH_FAULT"
 ERF_IMAGES = 64  # test images the effective receptive field maps average over
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
-# Under an address-space cap (--memory-limit-mb, RLIMIT_AS) a failed allocation often surfaces as something else:
-# oneDNN cannot allocate its scratchpad and reports that it "could not create a primitive", and a thread stack
-# cannot be mapped, so starting a thread fails with EAGAIN ("Resource temporarily unavailable", Python's "can't
-# start new thread"). Without a cap these mean a real fault (an unsupported shape, a process limit), so they are
-# read as out of memory only when the point ran under one.
-LIMIT_OOM_MARKERS = ("could not create a primitive", "resource temporarily unavailable", "can't start new thread")
-
-
-def is_out_of_memory(error: BaseException, memory_limited: bool = False) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's / Python's refusal to allocate.
-
-    Args:
-        error: what the point raised.
-        memory_limited: the point ran under a memory cap; then the ways that cap shows besides an allocator's
-            refusal (`LIMIT_OOM_MARKERS`, EAGAIN) count as out of memory too.
-    """
-    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
-        return True
-    if not isinstance(error, (RuntimeError, OSError)):
-        return False
-    message = str(error).lower()
-    if any(m in message for m in OOM_MARKERS):
-        return True
-    if not memory_limited:
-        return False
-    return any(m in message for m in LIMIT_OOM_MARKERS) or getattr(error, "errno", None) in (errno.EAGAIN,
-                                                                                            errno.ENOMEM)
 
 
 def build_model(point: Point, *, num_classes: int = 1000, in_chans: int = 3, device: str | None = None) -> ViT:
