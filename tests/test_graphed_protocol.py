@@ -142,3 +142,22 @@ def test_training_step_is_captured_with_its_gradients_set_to_none(monkeypatch: p
     assert "capture" in events and "capture with grads" not in events
     assert events.index("graph freed") < len(events) - 1  # the memory pass ran after the graph went
     assert result["train_step_ms"] >= 0 and result["train_peak_mem_mb"] > 0
+
+
+@pytest.mark.parametrize("message", ["CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                                     "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"])
+def test_a_library_allocation_failure_in_capture_stays_an_out_of_memory(monkeypatch: pytest.MonkeyPatch,
+                                                                         message: str) -> None:
+    """Raised inside the capture, a CUDA library's allocation failure is an out-of-memory the batch-max search
+    halves on, not a `GraphUnavailable` that would end the point as an error (items 3 and 9)."""
+    FakeCuda(monkeypatch, [], [])
+
+    @contextlib.contextmanager
+    def graph_out_of_memory(_graph):
+        raise RuntimeError(message)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", graph_out_of_memory)
+    with pytest.raises(RuntimeError, match="ALLOC_FAILED") as error:
+        graphed.capture(lambda: None, torch.device("cpu"))
+    assert not isinstance(error.value, graphed.GraphUnavailable)
