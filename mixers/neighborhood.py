@@ -208,8 +208,9 @@ class NeighborhoodAttention(TokenMixer):
                 return score + table[h, (dy + centre) * side + (dx + centre)].to(score.dtype)
 
         if self.impl == "flex_compiled" or q.device.type == "cuda":
-            for t in (q, k, v):  # dynamic in the batch: one graph serves every batch of a batch-max search
-                torch._dynamo.maybe_mark_dynamic(t, 0)
+            if not torch.compiler.is_compiling():  # inside a compiled model the outer graph decides (`compile`)
+                for t in (q, k, v):  # dynamic in the batch: one graph serves every batch of a batch-max search
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
             flex = _compiled_flex()
         else:
             flex = _flex()[0]
