@@ -1,4 +1,5 @@
-"""`python -m experiments.gpu_smoke`: the first command to run on a GPU, about two minutes, before any sweep.
+"""`python -m experiments.gpu_smoke`: the first command to run on a GPU, before any sweep (meant to take about two
+minutes).
 
 It runs the GPU test suite (`pytest -m gpu`), then one small point per registered mixer in each timing regime
 (eager and graphed) at batch 1 and batch `max`, each with its training step and fvcore count, then one short
