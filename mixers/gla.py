@@ -10,8 +10,10 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_tokens
-from .ops.gla import chunk_gla, chunk_gla_macs
+from .ops.gla import chunk_gla, chunk_gla_macs, fla_chunk_gla, fla_unavailable_reason
 from .registry import register_mixer
+
+GLA_IMPLS = ("auto", "chunk_torch", "fla")
 
 
 def _autocast_off(device_type: str):
@@ -29,8 +31,13 @@ class BiGLA(TokenMixer):
     a rank-`gate_low_rank_dim` projection to `logsigmoid(.) / gate_logit_normalizer`, ViG's direction-wise gating.
     The backward direction runs the causal GLA on the reversed sequence. Both outputs include the token itself (the
     diagonal of each causal map), so it counts twice in the sum; then a per-head RMSNorm times swish(g), `o_proj`.
-    ViG's 2D locality-injection conv is not part of this mixer. The recurrences run in float32 (`chunk_gla`, plain
-    PyTorch, any device; `impl` is `chunk_torch`).
+    ViG's 2D locality-injection conv is not part of this mixer. The recurrences run in float32 through one of two
+    implementations, recorded in `impl`: `chunk_torch` (`chunk_gla`, plain PyTorch, any device: the reference and
+    the fallback) or `fla_chunk` (fla's chunked Triton kernels, on CUDA where `flash-linear-attention` imports,
+    `pip install -e ".[fla]"`; q, k, v stay in the autocast dtype there, the gates float32). The PyTorch form runs
+    a Python loop over chunks, about 200K kernel launches per forward at 65,536 tokens; fla's runs a few kernels.
+    While `torch.jit.trace` runs (fvcore's count), `chunk_torch` stands in, since fvcore sees no products inside
+    fla's autograd Function.
 
     Parameters: 4 dim^2 for the projections, as attention's, plus 2 x (dim r + r K + K) for the two forget gates
     (r = gate_low_rank_dim, K = expand_k * dim) and a head-sized norm weight, without the projection biases
@@ -46,16 +53,20 @@ class BiGLA(TokenMixer):
         gate_logit_normalizer: divides logsigmoid of the gate logits, so decays start near 1 (fla's 16).
         chunk_size: steps per chunk of `chunk_gla`.
         norm_eps: epsilon of the output RMSNorm.
+        impl: `auto` (fla on CUDA where it imports, chunk_torch otherwise), `chunk_torch` or `fla` (an error
+            where fla cannot run; on the meta device, which runs no kernel, chunk_torch).
     """
 
     def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, expand_k: float = 0.5,
                  gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, chunk_size: int = 16,
-                 norm_eps: float = 1e-5) -> None:
+                 norm_eps: float = 1e-5, impl: str = "auto") -> None:
         super().__init__()
         key_dim = int(dim * expand_k)
         if key_dim < num_heads or key_dim % num_heads:
             raise ValueError(f"gla: expand_k * dim = {key_dim} must be a positive multiple of num_heads="
                              f"{num_heads}; choose expand_k so that it is")
+        if impl not in GLA_IMPLS:
+            raise ValueError(f"gla: unknown impl {impl!r}; choose one of {', '.join(GLA_IMPLS)}")
         if chunk_size < 1 or gate_low_rank_dim < 1:
             raise ValueError(f"gla: chunk_size and gate_low_rank_dim must be >= 1, got {chunk_size}, "
                              f"{gate_low_rank_dim}")
@@ -68,6 +79,7 @@ class BiGLA(TokenMixer):
         self.gate_logit_normalizer = gate_logit_normalizer
         self.chunk_size = chunk_size
         self.norm_eps = norm_eps
+        self.requested_impl = impl
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, dim, bias=False)
@@ -84,10 +96,24 @@ class BiGLA(TokenMixer):
                 nn.init.xavier_uniform_(module.weight, gain=2**-2.5)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-        self.impl = "chunk_torch"
+        self.impl = "not_run"
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, key_dim={self.key_dim}, chunk_size={self.chunk_size}"
+
+    def _resolve_impl(self, device: torch.device) -> str:
+        if self.requested_impl == "chunk_torch" or device.type == "meta":
+            return "chunk_torch"
+        reason = fla_unavailable_reason(device)
+        if self.requested_impl == "fla" and reason is not None:
+            raise RuntimeError(f"gla: impl='fla' cannot run here: {reason}; use impl='auto' or 'chunk_torch'")
+        return "fla_chunk" if reason is None else "chunk_torch"
+
+    def _causal(self, impl: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
+        """One causal GLA pass, (B, H, L, V)."""
+        if impl == "fla_chunk":
+            return fla_chunk_gla(q, k, v, g)
+        return chunk_gla(q, k, v, g, chunk_size=self.chunk_size)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Mixes `x (B, H * W, C)` over its tokens in row-major grid order, both ways."""
@@ -98,10 +124,15 @@ class BiGLA(TokenMixer):
         v = rearrange(self.v_proj(x), "b l (h d) -> b h l d", h=heads)  # (B, H, L, V)
         gates = [rearrange(F.logsigmoid(p(x).to(compute)) / self.gate_logit_normalizer, "b l (h d) -> b h l d",
                            h=heads) for p in self.gk_proj]  # 2 x (B, H, L, K), log decays <= 0
+        impl = self._resolve_impl(x.device)
+        if impl != "chunk_torch" and torch.jit.is_tracing():
+            impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
+        else:
+            self.impl = impl
         with _autocast_off(x.device.type):
-            o = chunk_gla(q, k, v, gates[0], chunk_size=self.chunk_size).to(compute)  # (B, H, L, V)
+            o = self._causal(impl, q, k, v, gates[0]).to(compute)  # (B, H, L, V)
             flipped = (t.flip(2) for t in (q, k, v, gates[1]))
-            o = o + chunk_gla(*flipped, chunk_size=self.chunk_size).to(compute).flip(2)
+            o = o + self._causal(impl, *flipped).to(compute).flip(2)
             o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.norm_eps) * self.g_norm_weight.to(compute)
         o = rearrange(o, "b h l d -> b l (h d)").to(x.dtype)  # (B, L, C)
         return self.o_proj(o * F.silu(self.g_proj(x)))

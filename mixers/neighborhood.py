@@ -23,7 +23,7 @@ from .attention import qkv_and_proj
 from .base import Grid, TokenMixer, check_tokens
 from .registry import register_mixer
 
-NEIGHBORHOOD_IMPLS = ("auto", "gather", "flex")
+NEIGHBORHOOD_IMPLS = ("auto", "gather", "flex", "flex_compiled")
 
 
 def clipped_kernel(grid: Grid, kernel_size: int) -> tuple[int, int]:
@@ -90,8 +90,13 @@ def _flex() -> tuple[Callable, Callable] | None:
 
 @functools.cache
 def _compiled_flex() -> Callable:
-    """flex_attention compiled once: eager flex materialises the scores; compiled, it is a fused block-sparse kernel."""
-    return torch.compile(_flex()[0], dynamic=False)
+    """flex_attention compiled once: eager flex materialises the scores; compiled, it is a fused block-sparse kernel.
+
+    Dynamic in the batch (`_attend_flex` marks it), so a batch-`max` search (1, 2, 4, ... 1024) compiles twice per
+    grad mode and dtype (batch 1 is specialised, then one dynamic graph) instead of once per batch: with static
+    shapes it passed dynamo's recompile limit (8) and fell back to eager flex, which builds the N x N scores.
+    """
+    return torch.compile(_flex()[0], dynamic=None)
 
 
 @register_mixer("neighborhood")
@@ -105,6 +110,11 @@ class NeighborhoodAttention(TokenMixer):
     - `flex` (CUDA, where `torch.nn.attention.flex_attention` imports): compiled FlexAttention with a block mask
       built from the neighbourhood rule and the bias as a `score_mod`. In raster order it computes whole 128 x 128
       blocks that the mask touches, more than `macs` counts (which is the neighbourhood's work, as NATTEN does).
+      `flex_compiled` forces the compiled kernel on any device: on a CPU inductor compiles it, so the CUDA
+      path's own code (compile, dynamic batch, counting) runs in CPU tests; forward only there, since
+      FlexAttention has no CPU backward.
+    While `torch.jit.trace` runs (fvcore's count) the gather path stands in for flex: dynamo refuses to run inside
+    a jit trace, and gather computes the same function with exactly the neighbourhood's products.
     The per-grid indices and block masks are cached outside the state dict.
 
     Parameters: `qkv` and `proj` as `attention`, plus the bias table `rpb`, `heads x (2k - 1)^2` numbers (338 at
@@ -117,8 +127,9 @@ class NeighborhoodAttention(TokenMixer):
         kernel_size: side k of the neighbourhood, odd (NAT uses 7).
         qkv_bias: bias on the fused q, k, v projection.
         rel_pos_bias: learn NAT's relative position bias; False gives plain neighbourhood attention.
-        impl: `auto` (flex on CUDA where it imports, gather otherwise), `gather` or `flex` (on a CPU flex runs
-            eagerly and forward only: for tests of its mask).
+        impl: `auto` (flex on CUDA where it imports, gather otherwise), `gather`, `flex` (on a CPU flex runs
+            eagerly and forward only: for tests of its mask) or `flex_compiled` (compiled on any device; on the
+            meta device, which no kernel runs on, gather).
     """
 
     def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, kernel_size: int = 7, qkv_bias: bool = True,
@@ -147,10 +158,13 @@ class NeighborhoodAttention(TokenMixer):
         return f"dim={self.dim}, num_heads={self.num_heads}, kernel_size={self.kernel_size}"
 
     def _resolve_impl(self, device: torch.device) -> str:
-        if self.requested_impl == "flex":
+        if self.requested_impl in ("flex", "flex_compiled"):
             if _flex() is None:
-                raise RuntimeError("neighborhood: impl='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
-            return "flex"
+                raise RuntimeError(f"neighborhood: impl={self.requested_impl!r} needs "
+                                   "torch.nn.attention.flex_attention (torch >= 2.5)")
+            if self.requested_impl == "flex_compiled" and device.type == "meta":
+                return "gather"
+            return self.requested_impl
         if self.requested_impl == "auto" and device.type == "cuda" and _flex() is not None:
             return "flex"
         return "gather"
@@ -193,7 +207,13 @@ class NeighborhoodAttention(TokenMixer):
                 dx = (kv_idx % W - q_idx % W).clamp(-centre, centre)
                 return score + table[h, (dy + centre) * side + (dx + centre)].to(score.dtype)
 
-        flex = _compiled_flex() if q.device.type == "cuda" else _flex()[0]
+        if self.impl == "flex_compiled" or q.device.type == "cuda":
+            if not torch.compiler.is_compiling():  # inside a compiled model the outer graph decides (`compile`)
+                for t in (q, k, v):  # dynamic in the batch: one graph serves every batch of a batch-max search
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+            flex = _compiled_flex()
+        else:
+            flex = _flex()[0]
         return flex(q, k, v, score_mod=score_mod, block_mask=self._block_mask(grid, q.device), scale=self.scale)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
@@ -202,8 +222,12 @@ class NeighborhoodAttention(TokenMixer):
         B, N, C = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         # q, k, v: (B, heads, N, head_dim)
-        self.impl = self._resolve_impl(x.device)
-        if self.impl == "flex":
+        impl = self._resolve_impl(x.device)
+        if impl != "gather" and torch.jit.is_tracing():  # dynamo cannot run in a jit trace: see the class doc
+            impl = "gather"
+        else:
+            self.impl = impl  # what a measured call ran, not what the count's trace ran
+        if impl in ("flex", "flex_compiled"):
             out = self._attend_flex(q, k, v, grid)
         else:
             out = self._attend_gather(q, k, v, grid)

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from .oom import is_out_of_memory
+
 TIMING_MODES: tuple[str, ...] = ("eager", "graphed")
 CAPTURE_WARMUP = 3  # eager calls on a side stream before capture (lazy init, autotuning, allocator pools)
 
@@ -26,15 +28,21 @@ def check_graphable(device: torch.device) -> None:
                                f"{device.type}: time it eager (timing_modes = [\"eager\"]) or run it on a GPU")
 
 
-def capture(call: Callable[[], object], device: torch.device, warmup: Callable[[], object] | None = None
-            ) -> Callable[[], None]:
+def capture(call: Callable[[], object], device: torch.device, warmup: Callable[[], object] | None = None,
+            before_capture: Callable[[], object] | None = None) -> Callable[[], None]:
     """Captures `call()` in a CUDA graph and returns its replay.
+
+    The replay holds the graph and its private memory pool: drop it (and empty the cache) before anything else
+    measures memory.
 
     Args:
         call: what the graph records; its inputs must stay at the same addresses (static tensors).
         device: a CUDA device.
-        warmup: run before capture on a side stream, as the capture recipe asks (default: `call`); a training
-            step warms up with its `zero_grad`, and is captured without it so replays rewrite the same gradients.
+        warmup: run before capture on a side stream, as the capture recipe asks (default: `call`).
+        before_capture: run after the warm-up, outside the graph. A training step passes `zero_grad(set_to_none=
+            True)` here, as PyTorch's whole-network recipe does: backward then allocates each `.grad` inside the
+            graph's pool and every replay rewrites it. Captured while the warm-up's gradients were still allocated,
+            backward would record `grad += new` and every replay would add into them.
 
     Raises:
         GraphUnavailable: off CUDA, or when capture fails (an op that synchronises, a CPU tensor, a custom kernel
@@ -49,14 +57,14 @@ def capture(call: Callable[[], object], device: torch.device, warmup: Callable[[
             for _ in range(CAPTURE_WARMUP):
                 warmup()
         torch.cuda.current_stream(device).wait_stream(side)
+        if before_capture is not None:
+            before_capture()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             call()
     except GraphUnavailable:
         raise
     except Exception as error:  # noqa: BLE001 - an out-of-memory stays one; anything else cannot be captured
-        from .run import is_out_of_memory
-
         if is_out_of_memory(error):
             raise
         first = (str(error).strip().splitlines() or [""])[0][:300]

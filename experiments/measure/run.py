@@ -5,7 +5,6 @@ Called inside an isolated worker (experiments/sweep/isolation.py), so an out-of-
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 import re
@@ -22,12 +21,13 @@ from models import ViT, create_vit
 from ..schema import MAX_BATCH
 from . import graphed
 from .counting import flop_counter_flops, flop_counter_train_flops, fvcore_macs
-from .memory import MiB, peak_memory
+from .memory import MiB, PeakMemory, peak_memory
+from .oom import is_out_of_memory
 from .point import Point
 from .provenance import provenance
 from .rates import add_rates
 from .throughput import PROBE_TIMING, at_max_batch
-from .timing import time_call
+from .timing import Timing, time_call
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Fault injection for tests: a point whose label (`Point.label()`) matches this regular expression fails as a
@@ -35,34 +35,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # run; never set outside tests (tests/test_faults.py).
 FAULT_VARIABLE = "MIXERBENCH_FAULT"
 ERF_IMAGES = 64  # test images the effective receptive field maps average over
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
-# Under an address-space cap (--memory-limit-mb, RLIMIT_AS) a failed allocation often surfaces as something else:
-# oneDNN cannot allocate its scratchpad and reports that it "could not create a primitive", and a thread stack
-# cannot be mapped, so starting a thread fails with EAGAIN ("Resource temporarily unavailable", Python's "can't
-# start new thread"). Without a cap these mean a real fault (an unsupported shape, a process limit), so they are
-# read as out of memory only when the point ran under one.
-LIMIT_OOM_MARKERS = ("could not create a primitive", "resource temporarily unavailable", "can't start new thread")
-
-
-def is_out_of_memory(error: BaseException, memory_limited: bool = False) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's / Python's refusal to allocate.
-
-    Args:
-        error: what the point raised.
-        memory_limited: the point ran under a memory cap; then the ways that cap shows besides an allocator's
-            refusal (`LIMIT_OOM_MARKERS`, EAGAIN) count as out of memory too.
-    """
-    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
-        return True
-    if not isinstance(error, (RuntimeError, OSError)):
-        return False
-    message = str(error).lower()
-    if any(m in message for m in OOM_MARKERS):
-        return True
-    if not memory_limited:
-        return False
-    return any(m in message for m in LIMIT_OOM_MARKERS) or getattr(error, "errno", None) in (errno.EAGAIN,
-                                                                                            errno.ENOMEM)
+# A measurement's one-line note for the row's error column (the row stays ok): merged by `_merge_result`.
+NOTE = "_note"
 
 
 def build_model(point: Point, *, num_classes: int = 1000, in_chans: int = 3, device: str | None = None) -> ViT:
@@ -126,40 +100,85 @@ def measure_inference(model: ViT, point: Point, dtype: torch.dtype, device: torc
         with torch.inference_mode():
             model(x)
 
-    timed = graphed.capture(forward, device) if point.timing_mode == "graphed" else forward
-    timing = time_call(timed, device, point.timing)
-    memory = peak_memory(forward, device)
-    resident = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers(), x))
-    return {
+    timing = _time_in_mode(forward, point, device)
+    memory, note = _memory_after_timing(forward, point, device)
+    result: dict[str, object] = {
         "latency_ms": timing.median_ms,
         "latency_iqr_ms": timing.iqr_ms,
         "latency_repeats": timing.repeats,
         "latency_calls_per_sample": timing.calls_per_sample,
         "batch_used": batch,
         "throughput_img_s": batch / (timing.median_ms / 1e3),
+        "impl": model.impl,
+    }
+    if memory is None:
+        return {**result, NOTE: note}
+    resident = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers(), x))
+    return {
+        **result,
         "peak_mem_mb": memory.allocated_mb,
         # CUDA's allocator counts everything the process holds; on a CPU, weights and input are added by hand.
         "peak_mem_total_mb": memory.total_mb if memory.total_mb is not None
         else memory.allocated_mb + resident / MiB,
         "peak_mem_reserved_mb": memory.reserved_mb,
         "memory_method": memory.method,
-        "impl": model.impl,
     }
+
+
+def _time_in_mode(call: Callable[[], object], point: Point, device: torch.device,
+                  before_capture: Callable[[], object] | None = None, warmup: Callable[[], object] | None = None
+                  ) -> Timing:
+    """`call` timed in the point's regime: eager, or replayed from a CUDA graph that is freed with its private
+    pool before this returns, so the memory pass after it neither shares the device with the pool nor is
+    counted against it."""
+    if point.timing_mode != "graphed":
+        return time_call(call, device, point.timing)
+    replay = graphed.capture(call, device, warmup=warmup, before_capture=before_capture)
+    try:
+        return time_call(replay, device, point.timing)
+    finally:
+        del replay  # the graph and its pool go with the last reference
+        _free(device)
+
+
+def _memory_after_timing(call: Callable[[], object], point: Point, device: torch.device
+                         ) -> tuple[PeakMemory | None, str]:
+    """The eager memory pass after the timing: (its peak, ""), or (None, a note) when it runs out of memory at a
+    fixed batch, so a latency already measured is kept. At batch `max` the out-of-memory is raised: the search
+    halves the batch instead.
+
+    Graphed, the timing ran the call only on the capture's side stream and in the graph: one eager call first
+    allocates what the first call on this stream allocates (cuBLAS's workspace, 32 MiB on Hopper), before the
+    baseline, as the eager regime's warm-up does.
+    """
+    try:
+        if point.timing_mode == "graphed":
+            call()
+        return peak_memory(call, device), ""
+    except Exception as error:  # noqa: BLE001
+        if point.batch_size == MAX_BATCH or not is_out_of_memory(error, bool(point.memory_limit_mb)):
+            raise
+    _free(device)
+    return None, "memory pass: out of memory after the timing (peak memory left empty)"
 
 
 def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: torch.device,
                        batch: int | None = None) -> dict[str, object]:
     """One optimizer step on random data: fp32 master weights, autocast to `dtype` when it is not float32.
 
-    Graphed, the step is captured whole (forward, backward, AdamW with capturable state), as PyTorch's
-    whole-network capture recipe does; a step that cannot be captured raises `graphed.GraphUnavailable`.
+    Graphed, the step is captured whole (forward, backward, AdamW), as PyTorch's whole-network capture recipe
+    does: gradients set to None before capture, so each replay rewrites them. A step that cannot be captured
+    raises `graphed.GraphUnavailable`. On CUDA both regimes step AdamW with `capturable=True` (its step count
+    and bias corrections on the device, a few more small kernels than the host-side default), so eager and
+    graphed rows time the same kernels; elsewhere the default AdamW.
     """
     batch = batch or point.batch_size
     is_graphed = point.timing_mode == "graphed"
     model.train().float()
     x = torch.randn(batch, model.in_chans, *model.img_size, device=device)
     y = torch.randint(0, model.num_classes, (batch,), device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"capturable": True} if is_graphed else {}))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                  **({"capturable": True} if device.type == "cuda" else {}))
 
     def autocast() -> AbstractContextManager:  # a graph cannot hold autocast's weight cache
         if dtype == torch.float32:
@@ -177,17 +196,18 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
         forward_backward()
 
     if is_graphed:
-        replay = graphed.capture(forward_backward, device, warmup=step)
-        timing = time_call(replay, device, point.timing)
+        timing = _time_in_mode(forward_backward, point, device, warmup=step,
+                               before_capture=lambda: optimizer.zero_grad(set_to_none=True))
     else:
-        timing = time_call(step, device, point.timing)  # warm-up also creates the optimizer state
-    memory = peak_memory(step, device)
+        timing = _time_in_mode(step, point, device)  # warm-up also creates the optimizer state
+    memory, note = _memory_after_timing(step, point, device)
     return {
         "train_step_ms": timing.median_ms,
         "train_step_iqr_ms": timing.iqr_ms,
         "train_batch_used": batch,
         "train_throughput_img_s": batch / (timing.median_ms / 1e3),
-        "train_peak_mem_mb": memory.allocated_mb,
+        "train_peak_mem_mb": memory.allocated_mb if memory is not None else None,
+        **({NOTE: f"train step: {note}"} if note else {}),
     }
 
 
@@ -292,7 +312,7 @@ def _train(model: ViT, bundle, recipe, point: Point, device: torch.device,
 def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: torch.device, row: dict) -> str:
     """Measures the training step into `row`; returns the out-of-memory message instead of raising one."""
     try:
-        row.update(_at_batch(measure_train_step, model, point, dtype, device))
+        _merge_result(row, _at_batch(measure_train_step, model, point, dtype, device))
         row["train_status"] = "ok"
         return ""
     except graphed.GraphUnavailable as error:  # the inference stands; the step's row says why it has no time
@@ -302,6 +322,15 @@ def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: tor
         if not is_out_of_memory(error, bool(point.memory_limit_mb)):
             raise
         return f"{type(error).__name__}: {error}".splitlines()[0][:400]
+
+
+def _merge_result(row: dict, result: dict[str, object]) -> None:
+    """Puts a measurement's columns into `row`, its note (if any) after the notes already there."""
+    result = dict(result)
+    note = result.pop(NOTE, "")
+    row.update(result)
+    if note:
+        row["error"] = "; ".join(filter(None, [row.get("error", ""), note]))
 
 
 def _free(device: torch.device) -> None:
@@ -367,7 +396,7 @@ def measure_point(point: Point) -> dict[str, object]:
             row["train_flops_counted"] = count_train_on_meta(point, model.in_chans, model.num_classes)
         # A compiled module wraps the model and shares its parameters; warm-up calls absorb the compilation.
         timed = torch.compile(model, mode=point.compile) if point.compile else model
-        row.update(_at_batch(measure_inference, timed, point, dtype, device))
+        _merge_result(row, _at_batch(measure_inference, timed, point, dtype, device))
         if point.measure_train_step:
             train_oom = _train_step_or_oom(timed, point, dtype, device, row)
             if train_oom:  # inference results stand; the training wall is its own data point

@@ -11,18 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from .oom import is_out_of_memory
 from .timing import TimingProtocol
 
 Result = TypeVar("Result")
 
 # A probe of the search: one untimed call of the full measurement at one batch (the sweep's planner prices it too).
 PROBE_TIMING = TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0, min_sample_ms=0.0)
-
-
-def _is_oom(error: BaseException) -> bool:
-    from .run import is_out_of_memory  # run.py imports this module
-
-    return is_out_of_memory(error)
 
 
 def largest_fitting_batch(probe: Callable[[int], object], limit: int, free: Callable[[], None]) -> int:
@@ -36,7 +31,7 @@ def largest_fitting_batch(probe: Callable[[int], object], limit: int, free: Call
         try:
             probe(batch)
         except Exception as error:  # noqa: BLE001 - only out-of-memory ends the search
-            if not _is_oom(error) or fitted == 0:
+            if not is_out_of_memory(error) or fitted == 0:
                 raise
             break
         finally:
@@ -66,7 +61,7 @@ def at_max_batch(measure: Callable[[int], Result], probe: Callable[[int], object
         try:
             return batch, measure(batch)
         except Exception as error:  # noqa: BLE001
-            if not _is_oom(error) or batch == 1:
+            if not is_out_of_memory(error) or batch == 1:
                 raise
         free()
         batch //= 2

@@ -81,7 +81,7 @@ def _send_or_exit(conn, row: Row) -> None:
 def _failure_status(error: BaseException, point: Point) -> str:
     """oom or error, for what escaped the point's own handling (a thread that could not start, say)."""
     try:
-        from ..measure.run import is_out_of_memory  # loaded in the fork server already: no new allocation
+        from ..measure.oom import is_out_of_memory  # loaded in the fork server already: no new allocation
     except BaseException:  # noqa: BLE001 - a child too short of memory to import still reports its row
         return "error"
     return "oom" if is_out_of_memory(error, bool(point.memory_limit_mb)) else "error"

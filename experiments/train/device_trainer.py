@@ -48,6 +48,24 @@ def make_optimizer(model: nn.Module, recipe: TrainRecipe, device: torch.device) 
                              fused=fused or None, foreach=None if fused else True)
 
 
+def rng_state(device: torch.device, cuda=torch.cuda) -> dict[str, torch.Tensor | None]:
+    """The global RNG states a checkpoint keeps: the CPU's, and on CUDA the device's (drop-path draws there).
+
+    Args:
+        device: where training runs.
+        cuda: `torch.cuda`, or a stand-in with its `get_rng_state` (a CPU test of the CUDA branch).
+    """
+    return {"rng_cpu": torch.get_rng_state(),
+            "rng_cuda": cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def restore_rng_state(saved: dict, device: torch.device, cuda=torch.cuda) -> None:
+    """Puts back what `rng_state` saved; a checkpoint written off CUDA has no device state to restore."""
+    torch.set_rng_state(saved["rng_cpu"])
+    if device.type == "cuda" and saved.get("rng_cuda") is not None:
+        cuda.set_rng_state(saved["rng_cuda"], device)
+
+
 @torch.no_grad()
 def evaluate_split(model: nn.Module, split: DeviceSplit, view: DeviceView, *, batch_size: int,
                    dtype: torch.dtype) -> float:
@@ -118,9 +136,7 @@ def train_on_device(
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
-            torch.set_rng_state(saved["rng_cpu"])
-            if device.type == "cuda" and saved.get("rng_cuda") is not None:
-                torch.cuda.set_rng_state(saved["rng_cuda"], device)
+            restore_rng_state(saved, device)
             state = {k: saved[k] for k in state}
 
     def finish(status: str, epochs_done: int, images: int, error: str = "", accuracy: float | None = None,
@@ -174,8 +190,7 @@ def train_on_device(
         if path is not None:
             _save_atomic({
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng_cpu": torch.get_rng_state(),
-                "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "scheduler": scheduler.state_dict(), **rng_state(device),
                 "recipe": dataclasses.asdict(recipe), "seed": seed, "train_samples": n_train, **state,
             }, path)
 

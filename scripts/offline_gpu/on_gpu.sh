@@ -2,7 +2,7 @@
 # On an offline CUDA machine, in the root of a copy of the checkout that carries .gpu/ (scripts/offline_gpu/pack.sh):
 # sets up, then runs the steps named in order; what each writes for the way back goes to $OUT (at most 8 files).
 #
-#   bash scripts/offline_gpu/on_gpu.sh tests scan profile
+#   bash scripts/offline_gpu/on_gpu.sh smoke scan profile
 #   bash scripts/offline_gpu/on_gpu.sh sweep gpu_reference gpu_reference_h100 8
 #
 # Setup (every call): the wheels of .gpu/whl into /tmp/site; git moved to .gpu/head.bundle's HEAD with the working
@@ -10,6 +10,8 @@
 # .gpu/mamba_ssm-*.tar.gz into /tmp/mamba_scan (once per machine: a call that finds it warm reuses the build);
 # ../shared/data/cifar10-subset.npz from .gpu/.
 # Steps:
+#   smoke                          python -m experiments.gpu_smoke: pytest -m gpu, one point per mixer eager and
+#                                  graphed at batch 1 and max, a device-trainer epoch -> $OUT/gpu_smoke.txt
 #   tests                          python -m pytest -m gpu                         -> $OUT/pytest_gpu.txt
 #   scan                           the scans alone, L = 1K..64K, bf16              -> $OUT/bench_scan.{txt,csv}
 #   profile                        the mamba mixer by kernel at 4K, 16K, 64K tokens, through mamba-ssm's scan and
@@ -57,7 +59,7 @@ setup() {
 check_steps() {  # before setup, so that a typo costs nothing
   while [ $# -gt 0 ]; do
     case $1 in
-      tests|scan|profile) shift ;;
+      smoke|tests|scan|profile) shift ;;
       sweep)
         if [ $# -lt 4 ]; then echo "on_gpu.sh: sweep needs CONFIG FOLDER MINUTES" >&2; exit 2; fi
         if [[ ! $4 =~ ^[0-9]+([.][0-9]+)?$ ]]; then
@@ -71,12 +73,12 @@ check_steps() {  # before setup, so that a typo costs nothing
         shift 4
         while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done
         if [ $# -gt 0 ]; then shift; fi ;;
-      *) echo "on_gpu.sh: unknown step '$1'; steps: tests, scan, profile, sweep CONFIG FOLDER MINUTES" >&2; exit 2 ;;
+      *) echo "on_gpu.sh: unknown step '$1'; steps: smoke, tests, scan, profile, sweep CONFIG FOLDER MINUTES" >&2; exit 2 ;;
     esac
   done
 }
 
-if [ $# -eq 0 ]; then echo "on_gpu.sh: name the steps to run: tests, scan, profile, sweep CONFIG FOLDER MINUTES" >&2; exit 2; fi
+if [ $# -eq 0 ]; then echo "on_gpu.sh: name the steps to run: smoke, tests, scan, profile, sweep CONFIG FOLDER MINUTES" >&2; exit 2; fi
 sweeps=0
 check_steps "$@"
 if [ -z "${OUT:-}" ]; then echo "on_gpu.sh: set OUT to the folder whose files should come back" >&2; exit 2; fi
@@ -87,6 +89,8 @@ status=0
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
+    smoke)
+      $py -m experiments.gpu_smoke 2>&1 | tee "$out/gpu_smoke.txt" || status=1 ;;
     tests)
       $py -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu.txt" || status=1 ;;
     scan)
