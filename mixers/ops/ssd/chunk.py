@@ -1,0 +1,119 @@
+"""SSD in chunks (Mamba-2's "state-space duality", `ssd_minimal_discrete` in state-spaces/mamba): matrix products
+inside each chunk, one state carried across chunks, in plain PyTorch so it runs and differentiates anywhere and the
+counters see every product.
+
+With one scalar log decay a_t per head and step, the recurrence `h_t = exp(a_t) h_{t-1} + x_t b_t^T`,
+`y_t = h_t c_t` unrolls inside a chunk of T steps to a (T x T) matrix, the attention-like dual form:
+
+    y_i = sum_{j <= i} (c_i . b_j) exp(a_{j+1} + ... + a_i) x_j        (inside the chunk)
+          + exp(a_1 + ... + a_i) h_start c_i                           (the state the chunk starts from)
+
+and the chunk hands on h_end = exp(a_1 + ... + a_T) h_start + sum_j exp(a_{j+1} + ... + a_T) x_j b_j^T. Every
+exponent is a segment sum of decays <= 0, built by summing the decays themselves (`segsum`), never as a ratio of
+cumulative decays or a difference of long prefix sums, so nothing overflows and nothing cancels. Four products:
+`c b^T` once for all heads (B and C are shared, Mamba-2's single group), the masked decay matrix times x, the
+chunk states, and the states read out through c. The chunk-to-chunk step is element-wise, one per chunk.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+
+def segsum(a: Tensor) -> Tensor:
+    """Segment sums of `a` over its last dimension: `out[..., i, j] = a_{j+1} + ... + a_i` for j <= i (0 on the
+    diagonal) and -inf above it, so `exp(out)` is the causal decay matrix.
+
+    Built as a cumulative sum of the masked decays themselves rather than `cumsum(a)_i - cumsum(a)_j`: each entry
+    is a sum of the decays in its own segment, exactly <= 0 when they are, with no cancellation of long sums.
+
+    Args:
+        a: (..., T).
+
+    Returns:
+        (..., T, T).
+    """
+    T = a.shape[-1]
+    rows = a[..., :, None].expand(*a.shape, T)  # (..., T_i, T_j): a_i in every column j
+    ones = torch.ones(T, T, dtype=torch.bool, device=a.device)
+    seg = rows.masked_fill(~ones.tril(-1), 0).cumsum(dim=-2)  # (..., T_i, T_j): sum of a_s for j < s <= i
+    return seg.masked_fill(~ones.tril(0), float("-inf"))
+
+
+def _chunk_length(length: int, chunk_size: int) -> int:
+    """The chunk length used for `length` steps: `chunk_size`, or the whole sequence when it is shorter."""
+    return max(1, min(chunk_size, length))
+
+
+def chunk_ssd_macs(length: int, heads: int, head_dim: int, d_state: int, chunk_size: int) -> int:
+    """MACs of `chunk_ssd` for one sequence, on the sequence padded to whole chunks of T steps: per padded step,
+    T N (`c b^T`, shared by the heads) + T H P (decay matrix times x) + H P N (into the chunk state) + H P N (the
+    state read out). Decays, exps and the chunk-to-chunk step are element-wise.
+
+    Args:
+        length: L, before padding.
+        heads: H.
+        head_dim: P per head.
+        d_state: N.
+        chunk_size: T as passed to `chunk_ssd` (a shorter sequence is one chunk of its own length).
+    """
+    T = _chunk_length(length, chunk_size)
+    padded = math.ceil(length / T) * T
+    inner = heads * head_dim
+    return padded * (T * d_state + T * inner + 2 * inner * d_state)
+
+
+def chunk_ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
+    """Causal SSD in chunks; arguments and result as `naive_ssd`.
+
+    The sequence is padded at the end to whole chunks (padded steps come after every real one and carry x = 0, so
+    they change no real output) and cropped back. A sequence shorter than `chunk_size` is one chunk.
+
+    Args:
+        x: inputs times dt (batch, L, H, P).
+        a: log decays A dt (batch, L, H), <= 0.
+        b: input maps (batch, L, N), shared by all heads.
+        c: output maps (batch, L, N), shared by all heads.
+        chunk_size: steps T per chunk.
+
+    Returns:
+        y (batch, L, H, P) in x's dtype, accumulated in float32 (float64 for float64 inputs).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_ssd: chunk_size must be >= 1, got {chunk_size}")
+    dtype = x.dtype
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    length = x.shape[1]
+    T = _chunk_length(length, chunk_size)
+    pad = math.ceil(length / T) * T - length
+    x = rearrange(F.pad(x.to(compute), (0, 0, 0, 0, 0, pad)), "z (n t) h p -> z h n t p", t=T)  # (batch, H, n, T, P)
+    a = rearrange(F.pad(a.to(compute), (0, 0, 0, pad)), "z (n t) h -> z h n t", t=T)  # (batch, H, n, T)
+    b, c = (rearrange(F.pad(m.to(compute), (0, 0, 0, pad)), "z (n t) s -> z n t s", t=T)
+            for m in (b, c))  # (batch, n, T, N) each
+
+    # Inside each chunk: the (T x T) dual form, (c_i . b_j) times the decay from step j to step i.
+    decay = segsum(a).exp()  # (batch, H, n, T_i, T_j), zero above the diagonal
+    scores = c @ b.transpose(-1, -2)  # (batch, n, T_i, T_j), one for all heads
+    y = (decay * scores[:, None]) @ x  # (batch, H, n, T, P)
+
+    # What each chunk adds to the state: every step's x b^T decayed to the chunk's end (the decay matrix's last row).
+    to_end = decay[..., -1, :, None]  # (batch, H, n, T, 1)
+    added = (x * to_end).transpose(-1, -2) @ b[:, None]  # (batch, H, n, P, N)
+
+    # Across chunks: the state each chunk starts from, one element-wise step per chunk.
+    chunk_decay = a.sum(-1).exp()[..., None, None]  # (batch, H, n, 1, 1): the whole chunk's decay
+    state = added.new_zeros(added[:, :, 0].shape)  # (batch, H, P, N)
+    starts = []
+    for i in range(added.shape[2]):
+        starts.append(state)
+        state = chunk_decay[:, :, i] * state + added[:, :, i]
+    starts = torch.stack(starts, dim=2)  # (batch, H, n, P, N)
+
+    # The starting state read out at every step, decayed from the chunk's start through that step.
+    from_start = a.cumsum(-1).exp()[..., None]  # (batch, H, n, T, 1): a sum of decays <= 0
+    y = y + (starts @ c[:, None].transpose(-1, -2)).transpose(-1, -2) * from_start  # (batch, H, n, T, P)
+    return rearrange(y, "z h n t p -> z (n t) h p")[:, :length].to(dtype)
