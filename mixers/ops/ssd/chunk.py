@@ -51,8 +51,9 @@ def _chunk_length(length: int, chunk_size: int) -> int:
 
 def chunk_ssd_macs(length: int, heads: int, head_dim: int, d_state: int, chunk_size: int) -> int:
     """MACs of `chunk_ssd` for one sequence, on the sequence padded to whole chunks of T steps: per padded step,
-    T N (`c b^T`, shared by the heads) + T H P (decay matrix times x) + H P N (into the chunk state) + H P N (the
-    state read out). Decays, exps and the chunk-to-chunk step are element-wise.
+    T N (`c b^T`, shared by the heads) + T H P (decay matrix times x); per step of every chunk but the last, H P N
+    into the chunk state, and of every chunk but the first, H P N to read the state out (a single chunk has no
+    state). Decays, exps and the chunk-to-chunk step are element-wise.
 
     Args:
         length: L, before padding.
@@ -64,7 +65,7 @@ def chunk_ssd_macs(length: int, heads: int, head_dim: int, d_state: int, chunk_s
     T = _chunk_length(length, chunk_size)
     padded = math.ceil(length / T) * T
     inner = heads * head_dim
-    return padded * (T * d_state + T * inner + 2 * inner * d_state)
+    return padded * T * (d_state + inner) + 2 * (padded - T) * inner * d_state
 
 
 def chunk_ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
@@ -90,30 +91,36 @@ def chunk_ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) 
     length = x.shape[1]
     T = _chunk_length(length, chunk_size)
     pad = math.ceil(length / T) * T - length
-    x = rearrange(F.pad(x.to(compute), (0, 0, 0, 0, 0, pad)), "z (n t) h p -> z h n t p", t=T)  # (batch, H, n, T, P)
-    a = rearrange(F.pad(a.to(compute), (0, 0, 0, pad)), "z (n t) h -> z h n t", t=T)  # (batch, H, n, T)
-    b, c = (rearrange(F.pad(m.to(compute), (0, 0, 0, pad)), "z (n t) s -> z n t s", t=T)
-            for m in (b, c))  # (batch, n, T, N) each
+    if pad:  # padded steps come after every real one with x = 0 and a decay of 1: they change no real output
+        x, a, b, c = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, a, b, c))
+    x = rearrange(x.to(compute), "z (n t) h p -> z h n t p", t=T)  # (batch, H, n, T, P)
+    a = rearrange(a.to(compute), "z (n t) h -> z h n t", t=T)  # (batch, H, n, T)
+    b, c = (rearrange(m.to(compute), "z (n t) s -> z n t s", t=T) for m in (b, c))  # (batch, n, T, N) each
 
     # Inside each chunk: the (T x T) dual form, (c_i . b_j) times the decay from step j to step i.
     decay = segsum(a).exp()  # (batch, H, n, T_i, T_j), zero above the diagonal
     scores = c @ b.transpose(-1, -2)  # (batch, n, T_i, T_j), one for all heads
     y = (decay * scores[:, None]) @ x  # (batch, H, n, T, P)
+    n = x.shape[2]
+    if n == 1:  # one chunk: no state comes in, none goes on
+        return rearrange(y, "z h n t p -> z (n t) h p")[:, :length].to(dtype)
 
-    # What each chunk adds to the state: every step's x b^T decayed to the chunk's end (the decay matrix's last row).
-    to_end = decay[..., -1, :, None]  # (batch, H, n, T, 1)
-    added = (x * to_end).transpose(-1, -2) @ b[:, None]  # (batch, H, n, P, N)
+    # What each chunk but the last adds to the state: every step's x b^T decayed to the chunk's end (the decay
+    # matrix's last row).
+    to_end = decay[:, :, :-1, -1, :, None]  # (batch, H, n - 1, T, 1)
+    added = (x[:, :, :-1] * to_end).transpose(-1, -2) @ b[:, None, :-1]  # (batch, H, n - 1, P, N)
 
-    # Across chunks: the state each chunk starts from, one element-wise step per chunk.
+    # Across chunks: the state each chunk after the first starts from, one element-wise step per chunk.
     chunk_decay = a.sum(-1).exp()[..., None, None]  # (batch, H, n, 1, 1): the whole chunk's decay
-    state = added.new_zeros(added[:, :, 0].shape)  # (batch, H, P, N)
-    starts = []
-    for i in range(added.shape[2]):
-        starts.append(state)
+    state = added[:, :, 0]  # (batch, H, P, N): the state the second chunk starts from
+    starts = [state]
+    for i in range(1, n - 1):
         state = chunk_decay[:, :, i] * state + added[:, :, i]
-    starts = torch.stack(starts, dim=2)  # (batch, H, n, P, N)
+        starts.append(state)
+    starts = torch.stack(starts, dim=2)  # (batch, H, n - 1, P, N)
 
     # The starting state read out at every step, decayed from the chunk's start through that step.
-    from_start = a.cumsum(-1).exp()[..., None]  # (batch, H, n, T, 1): a sum of decays <= 0
-    y = y + (starts @ c[:, None].transpose(-1, -2)).transpose(-1, -2) * from_start  # (batch, H, n, T, P)
+    from_start = a[:, :, 1:].cumsum(-1).exp()[..., None]  # (batch, H, n - 1, T, 1): a sum of decays <= 0
+    read = (starts @ c[:, None, 1:].transpose(-1, -2)).transpose(-1, -2) * from_start  # (batch, H, n - 1, T, P)
+    y[:, :, 1:] += read  # in place: the product's backward does not read y, and a cat would copy it whole
     return rearrange(y, "z h n t p -> z (n t) h p")[:, :length].to(dtype)
