@@ -7,7 +7,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
+from einops import rearrange
 from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_tokens
@@ -144,12 +144,14 @@ class HydraMixer(TokenMixer):
             A = -torch.exp(self.A_log.to(compute))  # (H,)
             u_heads = rearrange(u_both.to(compute), "b l (h p) -> b l h p", h=H)  # (2B, L, H, P)
             y = chunk_ssd(u_heads * dt[..., None], dt * A, b, c, chunk_size=self.chunk_size)  # (2B, L, H, P)
-        y = rearrange(y, "b l h p -> b l (h p)")  # (2B, L, d_inner)
-        # Hydra's shift: each direction's output at a token is its SSD's at the token before, so the token itself
-        # enters only through the diagonal term below.
-        y = F.pad(y[:, :-1], (0, 0, 1, 0))  # (2B, L, d_inner)
+        # The diagonal: each token's own x, weighted per head by fc_D(x) + D.
         diag = F.linear(u.to(compute), self.fc_D.weight.to(compute), self.D.to(compute))  # (B, L, H)
-        y = y[:batch] + y[batch:].flip(1) + u.to(compute) * repeat(diag, "b l h -> b l (h p)", p=self.headdim)
+        mixed = u_heads[:batch] * diag[..., None]  # (B, L, H, P)
+        # Hydra's shift: each direction's output at a token is its SSD's at the token before (after, backwards), so
+        # the token itself enters only through the diagonal. Added in place into slices: no shifted copies.
+        mixed[:, 1:] += y[:batch, :-1]
+        mixed[:, :-1] += y[batch:].flip(1)[:, 1:]
+        y = rearrange(mixed, "b l h p -> b l (h p)")  # (B, L, d_inner)
         y = F.rms_norm(y, (self.d_inner,), self.norm_weight.to(compute), self.norm_eps) * F.silu(z.to(compute))
         return self.out_proj(y.to(x.dtype))
 
