@@ -38,10 +38,11 @@ def segsum(a: Tensor) -> Tensor:
         (..., T, T).
     """
     T = a.shape[-1]
-    rows = a[..., :, None].expand(*a.shape, T)  # (..., T_i, T_j): a_i in every column j
     ones = torch.ones(T, T, dtype=torch.bool, device=a.device)
-    seg = rows.masked_fill(~ones.tril(-1), 0).cumsum(dim=-2)  # (..., T_i, T_j): sum of a_s for j < s <= i
-    return seg.masked_fill(~ones.tril(0), float("-inf"))
+    # a_i where j < i, else 0, written once (a masked_fill of the expanded a would copy it first)
+    rows = torch.where(ones.tril(-1), a[..., :, None], 0.0)  # (..., T_i, T_j)
+    seg = rows.cumsum(dim=-2)  # (..., T_i, T_j): sum of a_s for j < s <= i
+    return seg.masked_fill_(~ones.tril(0), float("-inf"))
 
 
 def _chunk_length(length: int, chunk_size: int) -> int:
@@ -51,8 +52,8 @@ def _chunk_length(length: int, chunk_size: int) -> int:
 
 def chunk_ssd_macs(length: int, heads: int, head_dim: int, d_state: int, chunk_size: int) -> int:
     """MACs of `chunk_ssd` for one sequence, on the sequence padded to whole chunks of T steps: per padded step,
-    T N (`c b^T`, shared by the heads) + T H P (decay matrix times x); per step of every chunk but the last, H P N
-    into the chunk state, and of every chunk but the first, H P N to read the state out (a single chunk has no
+    T N (`c b^T`, shared by the heads) + T H P (decay matrix times x); with more than one chunk, per step H P N into
+    the chunk states, and per step of every chunk but the first H P N to read the state out (a single chunk has no
     state). Decays, exps and the chunk-to-chunk step are element-wise.
 
     Args:
@@ -65,7 +66,8 @@ def chunk_ssd_macs(length: int, heads: int, head_dim: int, d_state: int, chunk_s
     T = _chunk_length(length, chunk_size)
     padded = math.ceil(length / T) * T
     inner = heads * head_dim
-    return padded * T * (d_state + inner) + 2 * (padded - T) * inner * d_state
+    states = 0 if padded == T else (2 * padded - T) * inner * d_state
+    return padded * T * (d_state + inner) + states
 
 
 def chunk_ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
@@ -105,10 +107,12 @@ def chunk_ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) 
     if n == 1:  # one chunk: no state comes in, none goes on
         return rearrange(y, "z h n t p -> z (n t) h p")[:, :length].to(dtype)
 
-    # What each chunk but the last adds to the state: every step's x b^T decayed to the chunk's end (the decay
-    # matrix's last row).
-    to_end = decay[:, :, :-1, -1, :, None]  # (batch, H, n - 1, T, 1)
-    added = (x[:, :, :-1] * to_end).transpose(-1, -2) @ b[:, None, :-1]  # (batch, H, n - 1, P, N)
+    # What each chunk adds to the state: every step's x b^T decayed to the chunk's end. The decay from step j is the
+    # sum of the decays after it, summed from the chunk's end (not read off the decay matrix: a slice of it would
+    # cost its backward a zero-filled copy of the whole matrix). The last chunk's is not needed; computing it costs
+    # one chunk's product, slicing x instead a zero-filled copy of x in the backward.
+    to_end = F.pad(a[..., 1:].flip(-1).cumsum(-1).flip(-1), (0, 1)).exp()[..., None]  # (batch, H, n, T, 1)
+    added = (x * to_end).transpose(-1, -2) @ b[:, None]  # (batch, H, n, P, N)
 
     # Across chunks: the state each chunk after the first starts from, one element-wise step per chunk.
     chunk_decay = a.sum(-1).exp()[..., None, None]  # (batch, H, n, 1, 1): the whole chunk's decay
