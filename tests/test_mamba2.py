@@ -1,5 +1,5 @@
 """Mamba-2's SSD: the chunked form against the step-by-step recurrence, and the Hydra-style bidirectional mixer
-against a reference written out with that recurrence."""
+against references written out with that recurrence and as Hydra's quasiseparable matrix, entry by entry."""
 from __future__ import annotations
 
 import pytest
@@ -65,27 +65,48 @@ def test_chunk_keeps_half_precision_inputs_dtype() -> None:
     assert chunk_ssd(*tensors, chunk_size=4).dtype == torch.bfloat16
 
 
-def hydra_reference(m: HydraMixer, x: torch.Tensor) -> torch.Tensor:
-    """The mixer written out with the recurrence: each direction a causal SSD shifted one token (the backward one on
-    the reversed sequence), plus the per-head diagonal, RMSNorm, times silu(z), out_proj."""
+def hydra_reference(m: HydraMixer, x: torch.Tensor, form: str = "recurrence") -> torch.Tensor:
+    """The mixer written out independently of its code.
+
+    `recurrence`: each direction a causal SSD (`naive_ssd`) shifted one token, the backward one on the reversed
+    sequence, plus the per-head diagonal. `matrix`: Hydra's quasiseparable matrix built entry by entry, with no
+    recurrence and no flip: below the diagonal (c_{t-1} . b_s) exp(a_{s+1} + ... + a_{t-1}) dt_s of the forward
+    maps, above it (c_{t+1} . b_s) exp(a_{t+1} + ... + a_{s-1}) dt_s of the backward maps, on it fc_D(x_t) + D.
+    Then RMSNorm, times silu(z), out_proj.
+    """
     d_inner, N, H = m.d_inner, m.d_state, m.nheads
     projected = m.in_proj(x)
     z, dt = projected[..., :d_inner], projected[..., -2 * H :]
     xbc = projected[..., d_inner : 2 * d_inner + 4 * N].transpose(1, 2)
     xbc = F.silu(F.conv1d(xbc, m.conv1d.weight, m.conv1d.bias, padding=m.d_conv // 2, groups=xbc.shape[1]))
     u, B_f, C_f, B_b, C_b = xbc.transpose(1, 2).split([d_inner, N, N, N, N], dim=-1)
+    dt_f, dt_b = F.softplus(dt[..., :H] + m.dt_bias), F.softplus(dt[..., H:] + m.dt_bias)  # (B, L, H)
     A = -torch.exp(m.A_log)
+    u_heads = rearrange(u, "b l (h p) -> b l h p", h=H)
+    diagonal = u @ m.fc_D.weight.T + m.D  # (B, L, H)
 
-    def shifted_ssd(u: torch.Tensor, B: torch.Tensor, C: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
-        dt = F.softplus(dt + m.dt_bias)
-        y = naive_ssd(rearrange(u, "b l (h p) -> b l h p", h=H) * dt[..., None], dt * A, B, C)
-        y = rearrange(y, "b l h p -> b l (h p)")
-        return torch.cat([torch.zeros_like(y[:, :1]), y[:, :-1]], dim=1)  # token t reads the state through t - 1
+    if form == "recurrence":
+        def shifted_ssd(u: torch.Tensor, B: torch.Tensor, C: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+            y = naive_ssd(u * dt[..., None], dt * A, B, C)  # (B, L, H, P)
+            return torch.cat([torch.zeros_like(y[:, :1]), y[:, :-1]], dim=1)  # token t reads the state through t - 1
 
-    forward = shifted_ssd(u, B_f, C_f, dt[..., :H])
-    backward = shifted_ssd(u.flip(1), B_b.flip(1), C_b.flip(1), dt[..., H:].flip(1)).flip(1)
-    diagonal = (u @ m.fc_D.weight.T + m.D).repeat_interleave(m.headdim, dim=-1)  # (B, L, d_inner)
-    y = forward + backward + u * diagonal
+        forward = shifted_ssd(u_heads, B_f, C_f, dt_f)
+        backward = shifted_ssd(u_heads.flip(1), B_b.flip(1), C_b.flip(1), dt_b.flip(1)).flip(1)
+        y = forward + backward + u_heads * diagonal[..., None]
+    else:
+        length = x.shape[1]
+        a_f, a_b = dt_f * A, dt_b * A  # (B, L, H)
+        matrix = torch.zeros(x.shape[0], H, length, length, dtype=x.dtype)  # (B, H, L_t, L_s)
+        for t in range(length):
+            matrix[:, :, t, t] = diagonal[:, t]
+            for s in range(t):
+                decay = a_f[:, s + 1 : t].sum(1).exp()  # (B, H), 1 for s = t - 1
+                matrix[:, :, t, s] = (C_f[:, t - 1] * B_f[:, s]).sum(-1)[:, None] * decay * dt_f[:, s]
+            for s in range(t + 1, length):
+                decay = a_b[:, t + 1 : s].sum(1).exp()  # (B, H)
+                matrix[:, :, t, s] = (C_b[:, t + 1] * B_b[:, s]).sum(-1)[:, None] * decay * dt_b[:, s]
+        y = rearrange(matrix @ rearrange(u_heads, "b l h p -> b h l p"), "b h l p -> b l h p")
+    y = rearrange(y, "b l h p -> b l (h p)")
     y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + m.norm_eps) * m.norm_weight * F.silu(z)
     return m.out_proj(y)
 
@@ -110,6 +131,17 @@ def test_mixer_matches_recurrence_forward_and_backward(grid: tuple[int, int], op
     names = ["x", *(name for name, _ in mixer.named_parameters())]
     for name, g, r in zip(names, grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10, msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("grid,options", [((1, 1), {}), ((2, 5), {"chunk_size": 3}), ((3, 3), {"d_state": 2})])
+def test_mixer_is_one_quasiseparable_matrix(grid: tuple[int, int], options: dict) -> None:
+    """Hydra's definition, entry by entry: checks the flips and one-token shifts against no flip and no recurrence."""
+    mixer = create_mixer("mamba2", DIM, HEADS, **options).double()
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    x = torch.randn(2, grid[0] * grid[1], DIM, dtype=torch.float64)
+    torch.testing.assert_close(mixer(x, grid), hydra_reference(mixer, x, form="matrix"), rtol=1e-9, atol=1e-11)
 
 
 def test_both_directions_reach_across_the_sequence() -> None:
