@@ -162,13 +162,23 @@ def test_bfloat16_mixer_keeps_dtype() -> None:
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
 
 
-def test_runs_under_autocast_with_the_ssd_in_float32() -> None:
-    """bf16 autocast on the CPU: the projections run in bf16, the SSD (autocast off) in float32. bf16 keeps 8 bits of
-    mantissa (relative round-off ~4e-3 per product), so a few such layers stay within 2e-2 of float64."""
+def test_runs_under_autocast_with_the_ssd_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 autocast on the CPU: the projections run in bf16, the SSD with autocast off on float32 inputs. bf16 keeps
+    8 bits of mantissa (relative round-off ~4e-3 per product), so a few such layers stay within 2e-2 of float64."""
+    import mixers.mamba2
+
+    seen = []
+
+    def recording_chunk_ssd(*args: torch.Tensor, **kwargs: int) -> torch.Tensor:
+        seen.append(({t.dtype for t in args}, torch.is_autocast_enabled("cpu")))
+        return chunk_ssd(*args, **kwargs)
+
+    monkeypatch.setattr(mixers.mamba2, "chunk_ssd", recording_chunk_ssd)
     mixer = create_mixer("mamba2", DIM, HEADS)
     x = torch.randn(1, 64, DIM)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = mixer(x, (8, 8))
+    assert seen == [({torch.float32}, False)]
     assert torch.isfinite(out).all()
     reference = mixer.double()(x.double(), (8, 8))
     assert (out.double() - reference).norm() / reference.norm() < 2e-2
