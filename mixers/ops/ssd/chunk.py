@@ -45,6 +45,33 @@ def segsum(a: Tensor) -> Tensor:
     return seg.masked_fill_(~ones.tril(0), float("-inf"))
 
 
+class _DecayMatrix(torch.autograd.Function):
+    """`exp(segsum(a))` with a backward written out: autograd's runs seven passes over the (T x T) matrix (the
+    exp, both masks, cumsum's flip-cumsum-flip, the sum over the expanded axis); this one four."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor) -> Tensor:
+        decay = segsum(a).exp_()
+        ctx.save_for_backward(decay)
+        return decay
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (decay,) = ctx.saved_tensors
+        T = decay.shape[-1]
+        g = grad * decay  # d loss / d segsum, zero above the diagonal
+        # a_s sits in the segments [j, i] with j < s <= i: its gradient sums g[i, j] over j < s, then over i >= s.
+        before = g.cumsum(-1)[..., :, :-1]  # (..., T_i, T - 1): sum of g[i, j] over j < s, at column s - 1
+        reached = torch.ones(T, T - 1, dtype=torch.bool, device=g.device).tril(-1)  # i >= s
+        later = torch.where(reached, before, 0.0).sum(-2)  # (..., T - 1): a_1 .. a_{T-1}
+        return torch.cat([torch.zeros_like(later[..., :1]), later], dim=-1)  # a_0 starts every segment it is in
+
+
+def decay_matrix(a: Tensor) -> Tensor:
+    """`exp(segsum(a))`, the causal decay matrix of each chunk: (..., T) -> (..., T, T), zero above the diagonal."""
+    return _DecayMatrix.apply(a)
+
+
 def _chunk_length(length: int, chunk_size: int) -> int:
     """The chunk length used for `length` steps: `chunk_size`, or the whole sequence when it is shorter."""
     return max(1, min(chunk_size, length))
@@ -100,7 +127,7 @@ def chunk_ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) 
     b, c = (rearrange(m.to(compute), "z (n t) s -> z n t s", t=T) for m in (b, c))  # (batch, n, T, N) each
 
     # Inside each chunk: the (T x T) dual form, (c_i . b_j) times the decay from step j to step i.
-    decay = segsum(a).exp()  # (batch, H, n, T_i, T_j), zero above the diagonal
+    decay = decay_matrix(a)  # (batch, H, n, T_i, T_j), zero above the diagonal
     scores = c @ b.transpose(-1, -2)  # (batch, n, T_i, T_j), one for all heads
     y = (decay * scores[:, None]) @ x  # (batch, H, n, T, P)
     n = x.shape[2]
