@@ -15,5 +15,6 @@ from . import mamba  # noqa: E402,F401  (registers "mamba")
 from . import neighborhood  # noqa: E402,F401  (registers "neighborhood")
 from . import vmamba  # noqa: E402,F401  (registers "vmamba")
 from . import gla  # noqa: E402,F401  (registers "gla")
+from . import mamba2  # noqa: E402,F401  (registers "mamba2")
 
 __all__ = ["Grid", "TokenMixer", "create_mixer", "get_mixer_class", "list_mixers", "register_mixer"]

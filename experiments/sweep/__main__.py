@@ -52,8 +52,8 @@ which runs a flag changes (--dry-run prints, per run, what it does, its points a
 # Flags that override config fields: flag name -> (field, argparse kwargs)
 _FIELD_FLAGS = {
     "mixers": dict(nargs="+", metavar="NAME", help="mixers to run, by registry key: attention, attention_naive, swin, "
-                   "linear, mamba, neighborhood, vmamba, gla, or any mixer registered in mixers/; default: the "
-                   "config's list, else every registered mixer"),
+                   "linear, mamba, neighborhood, vmamba, gla, mamba2, or any mixer registered in mixers/; default: "
+                   "the config's list, else every registered mixer"),
     "presets": dict(nargs="+", metavar="NAME", help="backbone presets: micro, tiny, small, base"),
     "img_sizes": dict(nargs="+", type=int, metavar="PX", help="input sides in pixels (square images)"),
     "patch_sizes": dict(nargs="+", type=int, metavar="PX", help="patch sides in pixels; must divide every image size"),
