@@ -10,8 +10,9 @@ from einops import rearrange
 from torch import nn
 
 from experiments.playground.mixing import (
-    attention_matrix, conv_row, family_of, gradient_row, linear_matrix, mamba_matrices, mixing_rows, swin_matrix,
+    attention_matrix, conv_row, family_of, gradient_row, linear_matrix, mixing_rows, neighborhood_matrix, swin_matrix,
 )
+from experiments.playground.recurrences import gla_matrices, mamba_matrices, vmamba_matrices
 from mixers import TokenMixer, create_mixer, list_mixers
 from mixers.selective_scan import selective_scan_reference
 

@@ -95,17 +95,19 @@ class Playground:
             raise BadRequest(f"patch {patch} is outside the {grid[0]} x {grid[1]} grid")
         if not 0 <= layer < m.depth:
             raise BadRequest(f"layer {layer} does not exist: choose 0 to {m.depth - 1}")
-        shown = m.rows(self._image(image_id), patch, layer, scaled=scaled)
+        shown = m.rows(self._image(image_id), patch, layer, scaled=scaled, image_key=image_id)
         panels = []
         for mixer, rows in shown.items():
             mixer_module = m.models[mixer].blocks[layer].mixer
             panels.append({
                 "mixer": mixer, "family": rows.family, "maps": rows.rows.tolist(), "map_names": list(rows.map_names),
-                "note": rows.note, "weights": m.labels[mixer],
+                "note": rows.note, "weights": m.labels[mixer], "heads": rows.heads,
+                "views": list(rows.view_names),
                 "window_size": getattr(mixer_module, "window_size", None), "shift": getattr(mixer_module, "shift", None),
             })
         panels.append({"mixer": "conv 3x3", "family": "conv", "maps": [conv_row(grid, patch).tolist()],
                        "map_names": ["3 x 3 kernel"], "weights": "fixed",
+                       "heads": 1, "views": [""],
                        "note": "what a 3 x 3 convolution over the patch grid reads: the same neighbourhood everywhere"})
         return {"image": image_id, "patch": patch, "layer": layer, "scaled": scaled, "grid": list(grid),
                 "panels": panels}

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +16,14 @@ from models import ViT, create_vit
 from ..measure.point import Point
 from ..measure.run import build_model
 from ..train.weights import SUFFIX, SavedWeights, WeightsError, read_weights
-from .mixing import MixingRows, mixing_rows
+from .mixing import MixingMaps, MixingRows, mixing_maps, mixing_rows
 
 # attention_naive is the same module with the same weights as attention: its map would repeat attention's.
 DEFAULT_MIXERS: tuple[str, ...] = tuple(m for m in list_mixers() if m != "attention_naive")
 # Untrained models: windows of 4 x 4 tokens, so an 8 x 8 grid shows four windows (and their shift at odd layers).
 UNTRAINED_OPTIONS: dict[str, dict] = {"swin": {"window_size": 4}}
+CACHED_MAPS = 8  # (image, layer, scale) whose maps are kept, per mixer: a click on one of them only reads a row
+CACHED_IMAGES = 4  # images whose layer inputs are kept, per mixer
 
 
 @dataclass
@@ -49,6 +51,8 @@ class ModelSet:
     std: tuple[float, ...]
     description: str
     notes: tuple[str, ...] = ()
+    _cache: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # maps per (image, layer)
+    _inputs: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # layer inputs per image
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -133,20 +137,53 @@ class ModelSet:
             out = np.repeat(np.asarray(square.convert("L"))[..., None], 3, axis=2)
         return out
 
-    def rows(self, image: np.ndarray, query: int, layer: int, *, scaled: bool = True) -> dict[str, MixingRows]:
-        """Each mixer's mixing row of token `query` at block `layer` (its input: that block's norm1 output)."""
+    def layer_inputs(self, image: np.ndarray, mixer: str) -> list[torch.Tensor]:
+        """The input of every block's mixer (its norm1 output, (1, N, C) each) for one image, in one forward."""
+        model = self.models[mixer]
+        inputs = []
+        with torch.inference_mode():
+            tokens = model.patch_embed(self.prepare(image)) + model.pos_embed  # (1, N, C)
+            for block in model.blocks[:self.depth]:
+                inputs.append(block.norm1(tokens))
+                tokens = block(tokens, model.grid)
+        return inputs
+
+    def rows(self, image: np.ndarray, query: int, layer: int, *, scaled: bool = True,
+             image_key: str | None = None) -> dict[str, MixingRows]:
+        """Each mixer's mixing row of token `query` at block `layer` (its input: that block's norm1 output).
+
+        With `image_key`, the layer inputs and the whole maps of (image, layer, scale) are kept (the last
+        `CACHED_MAPS` of them), so the next click on that image and layer only reads a row; the key must name one
+        image for the life of this model set.
+        """
         if not 0 <= layer < self.depth:
             raise ValueError(f"layer {layer} does not exist: the models have layers 0 to {self.depth - 1}")
-        x = self.prepare(image)
         out = {}
-        with torch.no_grad():
-            for mixer, model in self.models.items():
-                tokens = model.patch_embed(x) + model.pos_embed  # (1, N, C)
-                for block in model.blocks[:layer]:
-                    tokens = block(tokens, model.grid)
-                block = model.blocks[layer]
-                out[mixer] = mixing_rows(block.mixer, block.norm1(tokens), model.grid, query, scaled=scaled)
+        for mixer, model in self.models.items():
+            block = model.blocks[layer]
+            cached = self._cache.get((image_key, mixer, layer, scaled)) if image_key is not None else None
+            if cached is None:
+                inputs = self._inputs.get((image_key, mixer)) if image_key is not None else None
+                if inputs is None:
+                    inputs = self.layer_inputs(image, mixer)
+                    if image_key is not None:
+                        _remember(self._inputs, (image_key, mixer), inputs, CACHED_IMAGES * len(self.models))
+                x = inputs[layer]
+                cached = mixing_maps(block.mixer, x, model.grid, scaled=scaled) or x
+                if image_key is not None:
+                    _remember(self._cache, (image_key, mixer, layer, scaled), cached, CACHED_MAPS * len(self.models))
+            if isinstance(cached, MixingMaps):
+                out[mixer] = cached.row(query)
+            else:  # the gradient fallback: one query at a time, from the cached layer input
+                out[mixer] = mixing_rows(block.mixer, cached, model.grid, query, scaled=scaled)
         return out
+
+
+def _remember(cache: OrderedDict, key: tuple, value: object, limit: int) -> None:
+    """Puts `value` in a least-recently-added cache of at most `limit` entries."""
+    cache[key] = value
+    while len(cache) > limit:
+        cache.popitem(last=False)
 
 
 def _load(weights: SavedWeights) -> ViT:
