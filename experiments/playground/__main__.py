@@ -6,10 +6,11 @@
 
 A local web app (127.0.0.1 only): one image (built-in examples or an upload) with its patch grid; a click makes
 that patch the query, and one panel per mixer shows its mixing row over the image at the chosen layer
-(attention and swin: softmax rows per head, with or without the 1/sqrt(d) scale; linear attention: its implicit
-normalised kernel matrix; mamba: the selective scan unrolled into its hidden-attention matrix; any other mixer:
-the gradient of the output token with respect to the input tokens), beside the fixed 3 x 3 neighbourhood of a
-convolution. The maps are computed in experiments/playground/mixing.py.
+(attention, swin and neighborhood: softmax rows per head, with or without the 1/sqrt(d) scale; linear attention:
+its implicit normalised kernel matrix; mamba: the selective scan unrolled into its hidden-attention matrix, per
+direction; vmamba: each of its four scans unrolled; gla: each direction's gated linear attention matrix per head;
+any other mixer: the gradient of the output token with respect to the input tokens), beside the fixed 3 x 3
+neighbourhood of a convolution. The maps are computed in experiments/playground/mixing.py.
 """
 from __future__ import annotations
 
