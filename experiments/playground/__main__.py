@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a sweep's --out folder holding weights/*.safetensors (written by `python -m "
                              "experiments.sweep --save-weights`); default: untrained models")
     parser.add_argument("--mixers", nargs="+", default=list(DEFAULT_MIXERS), metavar="NAME",
-                        help=f"untrained models to show (registered: {', '.join(list_mixers())}; attention_naive "
+                        help=f"untrained models shown first; the page offers every registered mixer (registered: {', '.join(list_mixers())}; attention_naive "
                              "is attention's module and weights, so it is left out by default)")
     parser.add_argument("--preset", default="micro", help="backbone preset of the untrained models")
     parser.add_argument("--img-size", type=int, default=32, metavar="PX", help="image side of the untrained models")
@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown mixer(s) {', '.join(unknown)}; registered: {', '.join(list_mixers())}")
     try:
-        untrained = ModelSet.untrained(tuple(args.mixers), img_size=args.img_size, patch_size=args.patch_size,
+        # Every registered mixer is built (they are small), so the page can show any of them; --mixers are shown.
+        offered = tuple(dict.fromkeys([*args.mixers, *list_mixers()]))
+        untrained = ModelSet.untrained(offered, img_size=args.img_size, patch_size=args.patch_size,
                                        preset=args.preset, seed=args.seed)
         models = ModelSet.from_folder(args.weights) if args.weights else untrained
     except (WeightsError, ValueError) as error:
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.screenshot and not 0 <= args.screenshot_patch < tokens:
         parser.error(f"--screenshot-patch {args.screenshot_patch} is outside the {models.grid[0]} x "
                      f"{models.grid[1]} grid: choose 0 to {tokens - 1}")
-    playground = Playground(models, args.cifar, untrained)
+    playground = Playground(models, args.cifar, untrained, shown=tuple(args.mixers))
     try:
         server = serve(playground, args.port)
     except OSError as error:

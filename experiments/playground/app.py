@@ -7,6 +7,7 @@
                               every mixer's mixing row of patch I at layer L, and the 3 x 3 convolution's
     POST /api/upload          body: an image file -> {"id", "name"}
     POST /api/weights         body: {"folder": DIR} (or "" for untrained models) -> the new state
+    POST /api/models          body: {"heads": H, "mixers": [NAME, ...]} (either) -> the new state
 
 Bad input is answered with status 400 and {"error": message} (the page shows it), any other failure with 500
 and the same shape; the server keeps serving either way.
@@ -18,6 +19,7 @@ import json
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -43,20 +45,25 @@ class Playground:
     Args:
         models: the models on show.
         cifar: the CIFAR-10 subset for the examples (None: none).
-        untrained: builds the untrained model set, for a weights request with an empty folder.
+        untrained: the untrained model set, for a weights request with an empty folder.
+        shown: the untrained mixers shown first (default: all); the page can show the others.
     """
 
-    def __init__(self, models: ModelSet, cifar: Path | None, untrained: ModelSet | None = None) -> None:
+    def __init__(self, models: ModelSet, cifar: Path | None, untrained: ModelSet | None = None,
+                 shown: tuple[str, ...] | None = None) -> None:
         self.lock = threading.Lock()  # one computation at a time: the models are shared by the handler threads
         self.cifar = cifar
         self.untrained = untrained or models
+        self.untrained_shown = list(shown) if shown is not None else list(self.untrained.models)
         self.uploads: dict[str, tuple[str, np.ndarray]] = {}
         self.upload_count = 0  # ids stay unique after the oldest uploads are dropped
-        self._use(models)
+        self.shown: list[str] = []
+        self._use(models, self.untrained_shown if models is self.untrained else None)
 
-    def _use(self, models: ModelSet) -> None:
+    def _use(self, models: ModelSet, shown: Iterable[str] | None = None) -> None:
         examples, notes = example_images(models.img_size, models.patch_size, self.cifar)
         self.models = models
+        self.shown = [m for m in (models.models if shown is None else shown) if m in models.models]
         self.example_notes = notes
         self.examples = {f"example-{i}": (name, image) for i, (name, image) in enumerate(examples.items())}
 
@@ -67,8 +74,11 @@ class Playground:
         m = self.models
         return {
             "description": m.description,
-            "weights": m.labels,
-            "mixers": list(m.models),
+            "weights": {mixer: m.labels[mixer] for mixer in self.shown},
+            "mixers": list(self.shown),
+            "available": list(m.models),
+            "heads": m.heads,
+            "heads_options": m.heads_options,
             "layers": m.depth,
             "grid": list(m.grid),
             "img_size": m.img_size,
@@ -76,6 +86,27 @@ class Playground:
             "images": [{"id": key, "name": name} for key, (name, _) in self.images().items()],
             "notes": [*m.notes, *self.example_notes],
         }
+
+    def choose(self, heads: object = None, mixers: object = None) -> dict:
+        """Shows other mixers of the set, or the untrained models built with another number of heads."""
+        if mixers is not None:
+            if not isinstance(mixers, list) or not all(isinstance(m, str) for m in mixers):
+                raise BadRequest("mixers must be a list of mixer names")
+            unknown = [m for m in mixers if m not in self.models.models]
+            if unknown:
+                raise BadRequest(f"no model for {', '.join(unknown)}: choose among {', '.join(self.models.models)}")
+        if heads is not None:
+            if isinstance(heads, bool) or not isinstance(heads, int):
+                raise BadRequest(f"heads must be an integer, got {heads!r}")
+            models = self.models.with_heads(heads)
+            if models is not self.models:
+                if self.models is self.untrained:
+                    self.untrained = models  # Load with an empty folder comes back to these heads
+                self.models = models
+        self.shown = [m for m in self.models.models if m in (self.shown if mixers is None else mixers)]
+        if self.untrained is self.models:
+            self.untrained_shown = list(self.shown)
+        return self.state()
 
     def image_png(self, image_id: str) -> bytes:
         buffer = io.BytesIO()
@@ -95,7 +126,7 @@ class Playground:
             raise BadRequest(f"patch {patch} is outside the {grid[0]} x {grid[1]} grid")
         if not 0 <= layer < m.depth:
             raise BadRequest(f"layer {layer} does not exist: choose 0 to {m.depth - 1}")
-        shown = m.rows(self._image(image_id), patch, layer, scaled=scaled, image_key=image_id)
+        shown = m.rows(self._image(image_id), patch, layer, scaled=scaled, image_key=image_id, mixers=self.shown)
         panels = []
         for mixer, rows in shown.items():
             mixer_module = m.models[mixer].blocks[layer].mixer
@@ -122,7 +153,10 @@ class Playground:
         return {"id": key, "name": self.uploads[key][0]}
 
     def load_weights(self, folder: str) -> dict:
-        self._use(ModelSet.from_folder(Path(folder)) if folder.strip() else self.untrained)
+        if folder.strip():
+            self._use(ModelSet.from_folder(Path(folder)))
+        else:
+            self._use(self.untrained, self.untrained_shown)
         return self.state()
 
 
@@ -183,6 +217,9 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
                 self._answer(lambda: playground.upload(body, name))
             elif url.path == "/api/weights":
                 self._answer(lambda: playground.load_weights(str(_json_body(body).get("folder", ""))))
+            elif url.path == "/api/models":
+                self._answer(lambda: playground.choose(**{k: v for k, v in _json_body(body).items()
+                                                          if k in ("heads", "mixers")}))
             else:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {url.path}"})
 

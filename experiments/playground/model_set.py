@@ -1,7 +1,9 @@
 """The models the playground shows: one ViT per mixer, untrained or loaded from a sweep's saved weights."""
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +24,22 @@ from .mixing import MixingMaps, MixingRows, mixing_maps, mixing_rows
 DEFAULT_MIXERS: tuple[str, ...] = tuple(m for m in list_mixers() if m != "attention_naive")
 # Untrained models: windows of 4 x 4 tokens, so an 8 x 8 grid shows four windows (and their shift at odd layers).
 UNTRAINED_OPTIONS: dict[str, dict] = {"swin": {"window_size": 4}}
+MAX_HEADS = 8  # the heads offered for untrained models: powers of two up to this that divide the width
 CACHED_MAPS = 8  # (image, layer, scale) whose maps are kept, per mixer: a click on one of them only reads a row
 CACHED_IMAGES = 4  # images whose layer inputs are kept, per mixer
+
+
+def untrained_options(mixer: str, side: int) -> dict | None:
+    """Mixer options of an untrained model on a `side` x `side` grid, so local mixers look local on small grids.
+
+    swin's windows are 4 x 4 tokens (`UNTRAINED_OPTIONS`); neighborhood's kernel is the largest odd side up to
+    ``side // 2 + 1``, at most NAT's 7: 5 x 5 on the default 8 x 8 grid (39% of it), where 7 x 7 would cover 49
+    of 64 cells and look global.
+    """
+    if mixer == "neighborhood":
+        kernel = min(7, side // 2 + 1)
+        return {"kernel_size": max(1, kernel - (1 - kernel % 2))}  # odd: a window centred on its query
+    return UNTRAINED_OPTIONS.get(mixer)
 
 
 @dataclass
@@ -40,6 +56,7 @@ class ModelSet:
         std: per-channel normalisation std.
         description: one line for the page's header.
         notes: what was left out and why (weights of other sizes, mixers without weights).
+        rebuild: for untrained models, builds the same set with another number of heads; None for trained weights.
     """
 
     models: dict[str, ViT]
@@ -51,6 +68,7 @@ class ModelSet:
     std: tuple[float, ...]
     description: str
     notes: tuple[str, ...] = ()
+    rebuild: Callable[[int], ModelSet] | None = field(default=None, repr=False, compare=False)  # untrained: heads -> set
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # maps per (image, layer)
     _inputs: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # layer inputs per image
 
@@ -63,19 +81,61 @@ class ModelSet:
     def depth(self) -> int:
         return min(len(m.blocks) for m in self.models.values())
 
+    @property
+    def heads(self) -> int:
+        """The models' `num_heads` (that of the first model where weights of several shapes were loaded)."""
+        return next(iter(self.models.values())).config.num_heads
+
+    @property
+    def heads_options(self) -> list[int]:
+        """The head counts the page offers: 1, 2, 4, ... for untrained models (each a new set of models), only
+        the loaded count for trained weights."""
+        if self.rebuild is None:
+            return [self.heads]
+        dim = next(iter(self.models.values())).config.dim
+        return [h for h in (2**i for i in range(MAX_HEADS.bit_length())) if h <= MAX_HEADS and dim % h == 0]
+
+    def with_heads(self, heads: int) -> ModelSet:
+        """The same untrained models built with `heads` heads (this set when it already has them).
+
+        Raises:
+            ValueError: trained weights (their heads are fixed), or a count the mixers refuse.
+        """
+        if heads == self.heads:
+            return self
+        if self.rebuild is None or heads not in self.heads_options:
+            raise ValueError(f"{heads} heads: choose one of {self.heads_options}"
+                             + ("" if self.rebuild else " (trained weights fix their heads)"))
+        return self.rebuild(heads)
+
     @classmethod
     def untrained(cls, mixers: tuple[str, ...] = DEFAULT_MIXERS, *, img_size: int = 32, patch_size: int = 4,
-                  preset: str = "micro", seed: int = 0) -> ModelSet:
-        """Freshly initialised models (each from `seed`): the patterns the architectures start with."""
+                  preset: str = "micro", seed: int = 0, num_heads: int | None = None) -> ModelSet:
+        """Freshly initialised models (each from `seed`): the patterns the architectures start with.
+
+        Args:
+            mixers: registry keys, one model each.
+            img_size: image side, px.
+            patch_size: patch side, px.
+            preset: backbone preset.
+            seed: initialisation seed of every model.
+            num_heads: heads of every model; None: the preset's.
+        """
         models, labels = {}, {}
+        overrides = {} if num_heads is None else {"num_heads": num_heads}
+        side = img_size // patch_size if patch_size > 0 else 0
         for mixer in mixers:
             torch.manual_seed(seed)
-            options = UNTRAINED_OPTIONS.get(mixer)
+            options = untrained_options(mixer, side)
             models[mixer] = create_vit(preset, mixer=mixer, img_size=img_size, patch_size=patch_size, num_classes=10,
-                                       mixer_options=options).eval()
+                                       mixer_options=options, **overrides).eval()
             labels[mixer] = f"untrained {preset}, seed {seed}" + (f", {json.dumps(options)}" if options else "")
+        heads = next(iter(models.values())).config.num_heads
+        rebuild = functools.partial(cls.untrained, mixers, img_size=img_size, patch_size=patch_size, preset=preset,
+                                    seed=seed)
         return cls(models, labels, img_size, patch_size, 3, (0.5,) * 3, (0.5,) * 3,
-                   f"untrained {preset} models (seed {seed}), {img_size} px images, patch {patch_size}")
+                   f"untrained {preset} models (seed {seed}, {heads} head{'s' if heads > 1 else ''}), {img_size} px "
+                   f"images, patch {patch_size}", rebuild=lambda h: rebuild(num_heads=h))
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelSet:
@@ -148,18 +208,19 @@ class ModelSet:
                 tokens = block(tokens, model.grid)
         return inputs
 
-    def rows(self, image: np.ndarray, query: int, layer: int, *, scaled: bool = True,
-             image_key: str | None = None) -> dict[str, MixingRows]:
+    def rows(self, image: np.ndarray, query: int, layer: int, *, scaled: bool = True, image_key: str | None = None,
+             mixers: list[str] | None = None) -> dict[str, MixingRows]:
         """Each mixer's mixing row of token `query` at block `layer` (its input: that block's norm1 output).
 
         With `image_key`, the layer inputs and the whole maps of (image, layer, scale) are kept (the last
         `CACHED_MAPS` of them), so the next click on that image and layer only reads a row; the key must name one
-        image for the life of this model set.
+        image for the life of this model set. `mixers` picks some of the models (default: all).
         """
         if not 0 <= layer < self.depth:
             raise ValueError(f"layer {layer} does not exist: the models have layers 0 to {self.depth - 1}")
         out = {}
-        for mixer, model in self.models.items():
+        for mixer in self.models if mixers is None else mixers:
+            model = self.models[mixer]
             block = model.blocks[layer]
             cached = self._cache.get((image_key, mixer, layer, scaled)) if image_key is not None else None
             if cached is None:
