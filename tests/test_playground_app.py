@@ -39,8 +39,12 @@ def server(untrained: ModelSet):
     thread.start()
     base = f"http://127.0.0.1:{http.server_address[1]}"
 
-    def call(path: str, body: bytes | None = None) -> tuple[int, dict | bytes]:
-        request = urllib.request.Request(base + path, data=body, method="POST" if body is not None else "GET")
+    def call(path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+             ) -> tuple[int, dict | bytes]:
+        kind = "application/octet-stream" if path.startswith("/api/upload") else "application/json"
+        headers = {**({"Content-Type": kind} if body is not None else {}), **(headers or {})}
+        request = urllib.request.Request(base + path, data=body, method="POST" if body is not None else "GET",
+                                         headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 status, payload, kind = response.status, response.read(), response.headers["Content-Type"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from mixers import list_mixers
 
 from ..train.weights import WeightsError
-from .images import DEFAULT_CIFAR
+from .images import DEFAULT_CIFAR, ImageError
 
 DEFAULT_PORT = 8777
 
@@ -32,13 +32,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (0: a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give 0 to 65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number: give 0 to 65535 (0 picks a free one)")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .model_set import DEFAULT_MIXERS
 
     parser = _Parser(prog="python -m experiments.playground", allow_abbrev=False,
                      description=__doc__.split("\n\n")[2].replace("\n", " "),
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port on 127.0.0.1; 0 picks a free one")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port on 127.0.0.1; 0 picks a free one")
     parser.add_argument("--weights", type=Path, default=None, metavar="DIR",
                         help="a sweep's --out folder holding weights/*.safetensors (written by `python -m "
                              "experiments.sweep --save-weights`); default: untrained models")
@@ -80,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.screenshot and not 0 <= args.screenshot_patch < tokens:
         parser.error(f"--screenshot-patch {args.screenshot_patch} is outside the {models.grid[0]} x "
                      f"{models.grid[1]} grid: choose 0 to {tokens - 1}")
-    playground = Playground(models, args.cifar, untrained, shown=tuple(args.mixers))
+    try:
+        playground = Playground(models, args.cifar, untrained, shown=tuple(args.mixers))
+    except ImageError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
     try:
         server = serve(playground, args.port)
     except OSError as error:

@@ -27,12 +27,13 @@ import numpy as np
 from PIL import Image
 
 from ..train.weights import WeightsError
+from .guards import READ_TIMEOUT_S, Refused, check_host, check_post, content_length
 from .images import ImageError, decode_upload, example_images
 from .mixing import conv_row
 from .model_set import ModelSet
 
 PAGE = Path(__file__).with_name("page.html")
-MAX_UPLOADS = 16  # uploads kept in memory; the oldest go first
+MAX_UPLOADS = 4  # uploads kept in memory (each at most 1024 px a side, 3 MiB); the oldest go first
 
 
 class BadRequest(ValueError):
@@ -164,6 +165,7 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
     """A request handler class bound to `playground`."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # the socket's timeout: a body that stops arriving frees the thread
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
             pass  # the terminal shows the address and errors, not every request
 
@@ -182,6 +184,8 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
             try:
                 with playground.lock:
                     result = work()
+                # allow_nan=False: a NaN would make the answer invalid JSON; it fails here, as a 500 the page shows
+                body = result if isinstance(result, bytes) else json.dumps(result, allow_nan=False).encode()
             except (BadRequest, ImageError, WeightsError, ValueError) as error:
                 self._json(HTTPStatus.BAD_REQUEST, {"error": str(error)})
                 return
@@ -189,12 +193,25 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
                 self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(error).__name__}: "
                                                                         f"{error}"})
                 return
-            if isinstance(result, bytes):
-                self._send(HTTPStatus.OK, result, "image/png")
-            else:
-                self._json(HTTPStatus.OK, result)
+            self._send(HTTPStatus.OK, body, "image/png" if isinstance(result, bytes) else "application/json")
+
+        def _guard(self, post: bool) -> int | None:
+            """Checks the request's headers (`guards.py`); the body length to read, or None once refused."""
+            path = urlparse(self.path).path
+            try:
+                check_host(self.headers, self.server.server_address[1])
+                if not post:
+                    return 0
+                check_post(self.headers, path, self.server.server_address[1])
+                return content_length(self.headers, path)
+            except Refused as refused:
+                self.close_connection = True  # an unread body must not be taken for the next request
+                self._json(refused.status, {"error": str(refused)})
+                return None
 
         def do_GET(self) -> None:  # noqa: N802 - the base class's name
+            if self._guard(post=False) is None:
+                return
             url = urlparse(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             if url.path in ("/", "/index.html"):
@@ -210,8 +227,22 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {url.path}"})
 
         def do_POST(self) -> None:  # noqa: N802 - the base class's name
+            length = self._guard(post=True)
+            if length is None:
+                return
             url = urlparse(self.path)
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body = self.rfile.read(length)
+            except TimeoutError:  # the Content-Length promised more than arrived
+                self.close_connection = True
+                self._json(HTTPStatus.REQUEST_TIMEOUT, {"error": f"the request body stopped arriving before the "
+                                                                 f"{length} bytes its Content-Length promised"})
+                return
+            if len(body) < length:  # the client closed its side early
+                self.close_connection = True
+                self._json(HTTPStatus.BAD_REQUEST, {"error": f"the request body has {len(body)} of the {length} "
+                                                             "bytes its Content-Length promised"})
+                return
             if url.path == "/api/upload":
                 name = parse_qs(url.query).get("name", [""])[-1]
                 self._answer(lambda: playground.upload(body, name))

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from collections.abc import Callable
-from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,14 +19,30 @@ from ..measure.point import Point
 from ..measure.run import build_model
 from ..train.weights import SUFFIX, SavedWeights, WeightsError, read_weights
 from .mixing import MixingMaps, MixingRows, mixing_maps, mixing_rows
+from .weights_choice import check_header, choose_weights
 
 # attention_naive is the same module with the same weights as attention: its map would repeat attention's.
 DEFAULT_MIXERS: tuple[str, ...] = tuple(m for m in list_mixers() if m != "attention_naive")
 # Untrained models: windows of 4 x 4 tokens, so an 8 x 8 grid shows four windows (and their shift at odd layers).
 UNTRAINED_OPTIONS: dict[str, dict] = {"swin": {"window_size": 4}}
+# The page draws N x N maps per head and the server keeps them: 32 x 32 tokens (1024) is the most it shows, and an
+# image side of 1024 px the most it resizes to (a bigger --img-size would allocate gigabytes for nothing visible).
+MAX_TOKENS = 1024
+MAX_IMG_SIZE = 1024
 MAX_HEADS = 8  # the heads offered for untrained models: powers of two up to this that divide the width
 CACHED_MAPS = 8  # (image, layer, scale) whose maps are kept, per mixer: a click on one of them only reads a row
 CACHED_IMAGES = 4  # images whose layer inputs are kept, per mixer
+
+
+def check_sizes(img_size: int, patch_size: int) -> None:
+    """Raises ValueError, saying what to choose, for sizes the playground cannot show."""
+    if patch_size < 1 or img_size < patch_size:
+        raise ValueError(f"image size {img_size} px and patch size {patch_size} px: give a patch size >= 1 and an "
+                         "image at least one patch wide")
+    if img_size > MAX_IMG_SIZE or (img_size // patch_size) ** 2 > MAX_TOKENS:
+        raise ValueError(f"image size {img_size} px with patch {patch_size} px is {(img_size // patch_size) ** 2} "
+                         f"tokens; the playground shows at most {MAX_TOKENS} tokens and {MAX_IMG_SIZE} px: choose a "
+                         "smaller --img-size or a larger --patch-size")
 
 
 def untrained_options(mixer: str, side: int) -> dict | None:
@@ -121,6 +137,7 @@ class ModelSet:
             seed: initialisation seed of every model.
             num_heads: heads of every model; None: the preset's.
         """
+        check_sizes(img_size, patch_size)
         models, labels = {}, {}
         overrides = {} if num_heads is None else {"num_heads": num_heads}
         side = img_size // patch_size if patch_size > 0 else 0
@@ -141,12 +158,12 @@ class ModelSet:
     def from_folder(cls, folder: Path) -> ModelSet:
         """The trained models saved by `python -m experiments.sweep --save-weights --out <folder>`.
 
-        Weights of several sizes or data sets may sit in one folder; the playground shows one image, so it takes
-        the (data set, image size, patch size) with the most mixers, and per mixer the lowest seed; the notes say
-        what it left out.
+        Weights of several sizes, data sets, rates and seeds may sit in one folder; `weights_choice.choose_weights`
+        takes one file per mixer (the largest group of one image size, the rate the sweep chose on validation, the
+        lowest seed); the notes say what it left out and why.
 
         Raises:
-            WeightsError: no such folder, no weights in it, or a file that cannot be read.
+            WeightsError: no such folder, no weights in it, or a file that cannot be read or has a damaged header.
         """
         folder = Path(folder).expanduser()
         if not folder.is_dir():
@@ -155,25 +172,17 @@ class ModelSet:
         if not files:
             raise WeightsError(f"no weights in {folder} (looked for weights/*{SUFFIX}): run the sweep with "
                                f"`python -m experiments.sweep --save-weights --out {folder} ...` first")
-        saved = [read_weights(path) for path in files]
-        groups: dict[tuple, list[SavedWeights]] = defaultdict(list)
-        for weights in saved:
-            k = weights.key
-            groups[(str(k.get("dataset")), int(k["img_size"]), int(k["patch_size"]), weights.in_chans)].append(weights)
-        chosen_key = max(sorted(groups), key=lambda g: len({w.key["mixer"] for w in groups[g]}))
-        chosen: dict[str, SavedWeights] = {}
-        for weights in sorted(groups[chosen_key], key=lambda w: (int(w.key.get("seed", 0)), w.path.name)):
-            chosen.setdefault(str(weights.key["mixer"]), weights)
+        saved = [check_header(read_weights(path)) for path in files]
+        choice = choose_weights(saved, folder)
         models, labels = {}, {}
-        for mixer, weights in chosen.items():
+        for mixer, weights in choice.chosen.items():
             models[mixer] = _load(weights)
-            labels[mixer] = weights.label()
-        dataset, img_size, patch_size, in_chans = chosen_key
-        first = next(iter(chosen.values()))
-        notes = [f"{len(saved) - len(chosen)} other weights file(s) in {folder} not shown (other seeds, sizes or "
-                 "data sets: one image size at a time)"] if len(saved) > len(chosen) else []
+            labels[mixer] = f"{weights.label()}, {choice.rates[mixer]}"
+        dataset, img_size, patch_size, in_chans = choice.group
+        check_sizes(img_size, patch_size)
+        first = next(iter(choice.chosen.values()))
         return cls(models, labels, img_size, patch_size, in_chans, first.mean, first.std,
-                   f"trained on {dataset}, {img_size} px images, patch {patch_size}, from {folder}", tuple(notes))
+                   f"trained on {dataset}, {img_size} px images, patch {patch_size}, from {folder}", choice.notes)
 
     def prepare(self, image: np.ndarray) -> torch.Tensor:
         """An (H, W, 3) uint8 image as the models' input (1, in_chans, S, S): resized, channels, normalised."""
