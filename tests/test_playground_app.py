@@ -382,25 +382,32 @@ def test_a_damaged_weights_header_is_refused_by_name(server, tmp_path: Path, key
 # --- Loading a sweep with a learning-rate grid (issue 36) ----------------------------------------------------------
 
 
-def test_load_picks_the_rate_the_sweep_chose_and_says_so(tmp_path: Path) -> None:
+def write_rate_grid_sweep(folder: Path) -> Path:
+    """A sweep folder with a learning-rate grid: attention and linear at two rates and two seeds each, weights
+    saved for every point, and grid rows whose validation accuracy prefers 1e-3 for attention, 3e-4 for linear
+    (their test accuracy would choose the other way)."""
     import csv
 
     from experiments.schema import KEY_COLUMNS
 
     rows = []
-    # attention's validation prefers 1e-3, linear's 3e-4; the test accuracy would have chosen otherwise.
     for mixer, accuracies in (("attention", {3e-4: 0.5, 1e-3: 0.7}), ("linear", {3e-4: 0.8, 1e-3: 0.6})):
         for lr, val in accuracies.items():
             for seed in (0, 1):
                 point = Point(mixer=mixer, preset="micro", img_size=16, patch_size=4, batch_size=1, dataset="reach",
                               epochs=1, seed=seed, overrides='{"depth":1}', train=json.dumps({"lr": lr}))
                 key = {column: getattr(point, column) for column in KEY_COLUMNS}
-                save_untrained(tmp_path, f"{mixer}-{lr}-{seed}", key, mixer=mixer)
+                save_untrained(folder, f"{mixer}-{lr}-{seed}", key, mixer=mixer)
                 rows.append({**key, "lr_stage": "grid", "val_accuracy": val, "accuracy": 1 - val, "status": "ok"})
-    with open(tmp_path / "runs.csv", "w", newline="") as handle:
+    with open(folder / "runs.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=[*KEY_COLUMNS, "lr_stage", "val_accuracy", "accuracy", "status"])
         writer.writeheader()
         writer.writerows(rows)
+    return folder
+
+
+def test_load_picks_the_rate_the_sweep_chose_and_says_so(tmp_path: Path) -> None:
+    write_rate_grid_sweep(tmp_path)
     models = ModelSet.from_folder(tmp_path)
     assert "attention-0.001-0.safetensors" in models.labels["attention"]
     assert "linear-0.0003-0.safetensors" in models.labels["linear"]

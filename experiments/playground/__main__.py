@@ -123,14 +123,14 @@ def _screenshot(server, url: str, args: argparse.Namespace, prog: str) -> int:
     thread.start()
     try:
         grid = _grid(url)
-        path = screenshot(url, args.screenshot, args.screenshot_patch, grid, image_name=_first_cifar(url))
+        path, shown = screenshot(url, args.screenshot, args.screenshot_patch, grid, image_name=_first_cifar(url))
     except BrowserUnavailable as error:
         print(f"{prog}: error: no headless browser for --screenshot: {error}", file=sys.stderr)
         return 2
     finally:
         server.shutdown()
         server.server_close()
-    print(f"screenshot: {path}")
+    print(f"screenshot: {path} (panels: {', '.join(shown)})")
     return 0
 
 
