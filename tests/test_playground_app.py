@@ -450,3 +450,24 @@ def test_cifar_is_found_beside_the_repository_not_the_current_folder() -> None:
 
     repo = Path(__file__).resolve().parent.parent
     assert DEFAULT_CIFAR == repo.parent / "shared" / "data" / "cifar10-subset.npz"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mixers", "mambaa"], "argument --mixers: invalid choice: 'mambaa'"),
+    (["--clicks", "1"], "argument --clicks: must be in 2 .."),
+])
+def test_the_click_benchmark_refuses_bad_arguments_in_one_line(argv: list[str], message: str, capsys) -> None:
+    from experiments.bench.playground_rows import main as bench_main
+
+    with pytest.raises(SystemExit) as stopped:
+        bench_main(argv)
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_the_click_benchmark_times_the_api(capsys) -> None:
+    from experiments.bench.playground_rows import main as bench_main
+
+    assert bench_main(["--mixers", "linear", "--clicks", "2", "--layers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "linear" in out and "first click" in out and "next clicks" in out

@@ -18,14 +18,18 @@ import threading
 import time
 import urllib.request
 
+from mixers import list_mixers
+
 from ..playground.app import Playground, serve
 from ..playground.model_set import DEFAULT_MIXERS, ModelSet
+from .cli import Parser, int_at_least
 
 
 def time_clicks(mixer: str, clicks: int, layers: int) -> tuple[list[float], list[float]]:
     """(first-click times, next-click times) in ms for one mixer's server, over `layers` layers."""
     models = ModelSet.untrained((mixer,))
-    http = serve(Playground(models, cifar=None, untrained=models), 0)
+    playground = Playground(models, cifar=None, untrained=models)
+    http = serve(playground, 0)
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{http.server_address[1]}"
@@ -47,10 +51,12 @@ def time_clicks(mixer: str, clicks: int, layers: int) -> tuple[list[float], list
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.playground_rows", description=__doc__)
-    parser.add_argument("--mixers", nargs="+", default=list(DEFAULT_MIXERS))
-    parser.add_argument("--clicks", type=int, default=9, help="clicks per layer (the first computes the layer)")
-    parser.add_argument("--layers", type=int, default=2, help="layers clicked, from layer 0")
+    parser = Parser(prog="python -m experiments.bench.playground_rows", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mixers", nargs="+", default=list(DEFAULT_MIXERS), choices=list_mixers(), metavar="NAME")
+    parser.add_argument("--clicks", type=int_at_least(2, 1000), default=9,
+                        help="clicks per layer (the first computes the layer)")
+    parser.add_argument("--layers", type=int_at_least(1, 64), default=2, help="layers clicked, from layer 0")
     args = parser.parse_args(argv)
     print(f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, load {os.getloadavg()[0]:.2f}")
     for mixer in args.mixers:
