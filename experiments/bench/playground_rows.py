@@ -3,8 +3,8 @@
     python -m experiments.bench.playground_rows                  # every default mixer, 9 clicks each
     python -m experiments.bench.playground_rows --mixers vmamba gla --clicks 15
 
-Per mixer, a server with that mixer alone (and the convolution panel every answer carries) runs in a thread; the
-clicks go over HTTP to it as the page sends them. The first click on an (image, layer) computes that layer's maps
+Per mixer, a server with that mixer alone (and the convolution panel every answer carries) runs in a thread, then
+one with all of them (what the page shows); the clicks go over HTTP to it as the page sends them. The first click on an (image, layer) computes that layer's maps
 ("first click"); later clicks on other patches of the same image and layer read a row from them ("next clicks").
 Prints one line per mixer with the medians in ms; the numbers depend on the machine and its load (printed too).
 """
@@ -25,9 +25,9 @@ from ..playground.model_set import DEFAULT_MIXERS, ModelSet
 from .cli import Parser, int_at_least
 
 
-def time_clicks(mixer: str, clicks: int, layers: int) -> tuple[list[float], list[float]]:
-    """(first-click times, next-click times) in ms for one mixer's server, over `layers` layers."""
-    models = ModelSet.untrained((mixer,))
+def time_clicks(mixers: tuple[str, ...], clicks: int, layers: int) -> tuple[list[float], list[float]]:
+    """(first-click times, next-click times) in ms for a server showing `mixers`, over `layers` layers."""
+    models = ModelSet.untrained(mixers)
     playground = Playground(models, cifar=None, untrained=models)
     http = serve(playground, 0)
     thread = threading.Thread(target=http.serve_forever, daemon=True)
@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int_at_least(1, 64), default=2, help="layers clicked, from layer 0")
     args = parser.parse_args(argv)
     print(f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, load {os.getloadavg()[0]:.2f}")
-    for mixer in args.mixers:
-        first, following = time_clicks(mixer, args.clicks, args.layers)
+    for mixer in [*args.mixers, "all together"]:
+        shown = tuple(args.mixers) if mixer == "all together" else (mixer,)
+        first, following = time_clicks(shown, args.clicks, args.layers)
         print(f"{mixer:14s} first click {statistics.median(first):8.1f} ms   next clicks "
               f"{statistics.median(following) if following else float('nan'):8.1f} ms   "
               f"(max {max(first + following):.1f} ms, {len(first) + len(following)} clicks)", flush=True)
