@@ -4,8 +4,9 @@
     python -m experiments.bench.playground_rows --mixers vmamba gla --clicks 15
 
 Per mixer, a server with that mixer alone (and the convolution panel every answer carries) runs in a thread, then
-one with all of them (what the page shows); the clicks go over HTTP to it as the page sends them. The first click on an (image, layer) computes that layer's maps
-("first click"); later clicks on other patches of the same image and layer read a row from them ("next clicks").
+one with all of them (what the page shows); the clicks go over HTTP to it as the page sends them. The first click
+on an (image, layer) computes that layer's maps ("first click"); later clicks on other patches of the same image
+and layer read a row from them ("next clicks").
 Prints one line per mixer with the medians in ms; the numbers depend on the machine and its load (printed too).
 """
 from __future__ import annotations

@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a sweep's --out folder holding weights/*.safetensors (written by `python -m "
                              "experiments.sweep --save-weights`); default: untrained models")
     parser.add_argument("--mixers", nargs="+", default=list(DEFAULT_MIXERS), metavar="NAME",
-                        help=f"untrained models shown first; the page offers every registered mixer (registered: {', '.join(list_mixers())}; attention_naive "
+                        help=f"untrained models shown first; the page offers every registered mixer "
+                             f"(registered: {', '.join(list_mixers())}; attention_naive "
                              "is attention's module and weights, so it is left out by default)")
     parser.add_argument("--preset", default="micro", help="backbone preset of the untrained models")
     parser.add_argument("--img-size", type=int, default=32, metavar="PX", help="image side of the untrained models")

@@ -135,7 +135,8 @@ class Playground:
                 "mixer": mixer, "family": rows.family, "maps": rows.rows.tolist(), "map_names": list(rows.map_names),
                 "note": rows.note, "weights": m.labels[mixer], "heads": rows.heads,
                 "views": list(rows.view_names),
-                "window_size": getattr(mixer_module, "window_size", None), "shift": getattr(mixer_module, "shift", None),
+                "window_size": getattr(mixer_module, "window_size", None),
+                "shift": getattr(mixer_module, "shift", None),
             })
         panels.append({"mixer": "conv 3x3", "family": "conv", "maps": [conv_row(grid, patch).tolist()],
                        "map_names": ["3 x 3 kernel"], "weights": "fixed",

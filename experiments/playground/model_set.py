@@ -84,7 +84,7 @@ class ModelSet:
     std: tuple[float, ...]
     description: str
     notes: tuple[str, ...] = ()
-    rebuild: Callable[[int], ModelSet] | None = field(default=None, repr=False, compare=False)  # untrained: heads -> set
+    rebuild: Callable[[int], ModelSet] | None = field(default=None, repr=False, compare=False)  # heads -> set
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # maps per (image, layer)
     _inputs: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # layer inputs per image
 

@@ -119,7 +119,8 @@ def choose_weights(saved: list[SavedWeights], folder: Path) -> WeightsChoice:
 
     def order(item: tuple[SavedWeights, RateChoice | None]) -> tuple:
         weights = item[0]
-        return int(weights.key.get("seed", 0) or 0), rate_of(str(weights.key.get("train", ""))) or 0.0, weights.path.name
+        rate = rate_of(str(weights.key.get("train", ""))) or 0.0
+        return int(weights.key.get("seed", 0) or 0), rate, weights.path.name
 
     for weights, choice in sorted(at_rate, key=order):
         mixer = str(weights.key["mixer"])
