@@ -471,3 +471,27 @@ def test_the_click_benchmark_times_the_api(capsys) -> None:
     assert bench_main(["--mixers", "linear", "--clicks", "2", "--layers", "1"]) == 0
     out = capsys.readouterr().out
     assert "linear" in out and "first click" in out and "next clicks" in out
+
+
+def test_a_mixer_without_an_exact_map_gets_its_gradient_row_once_per_query(monkeypatch) -> None:
+    """The gradient fallback (one backward per output channel) is the slow path: a query seen before is read."""
+    import numpy as np
+
+    from experiments.playground import model_set
+    from experiments.playground.mixing import MixingRows, family_of, gradient_row
+
+    models = ModelSet.untrained(("linear",), img_size=16, patch_size=4)
+    monkeypatch.setattr(model_set, "mixing_maps", lambda *args, **kwargs: None)  # as for a user's mixer
+    calls = []
+
+    def gradient_rows(mixer, x, grid, query, **kwargs) -> MixingRows:
+        calls.append(query)
+        return MixingRows("gradient", gradient_row(mixer, x, grid, query)[None], ("gradient",), "")
+
+    monkeypatch.setattr(model_set, "mixing_rows", gradient_rows)
+    image = np.zeros((16, 16, 3), dtype=np.uint8)
+    first = models.rows(image, 5, 1, image_key="example-0")["linear"]
+    again = models.rows(image, 5, 1, image_key="example-0")["linear"]
+    models.rows(image, 6, 1, image_key="example-0")
+    assert calls == [5, 6] and torch.equal(first.rows, again.rows) and first.family == "gradient"
+    assert family_of(models.models["linear"].blocks[1].mixer) == "linear"  # only the map was withheld

@@ -32,6 +32,7 @@ MAX_IMG_SIZE = 1024
 MAX_HEADS = 8  # the heads offered for untrained models: powers of two up to this that divide the width
 CACHED_MAPS = 8  # (image, layer, scale) whose maps are kept, per mixer: a click on one of them only reads a row
 CACHED_IMAGES = 4  # images whose layer inputs are kept, per mixer
+CACHED_GRADIENT_ROWS = 512  # gradient-fallback rows kept (one backward per output channel each: worth keeping)
 
 
 def check_sizes(img_size: int, patch_size: int) -> None:
@@ -87,6 +88,7 @@ class ModelSet:
     rebuild: Callable[[int], ModelSet] | None = field(default=None, repr=False, compare=False)  # heads -> set
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # maps per (image, layer)
     _inputs: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # layer inputs per image
+    _gradients: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # fallback rows per query
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -244,8 +246,14 @@ class ModelSet:
                     _remember(self._cache, (image_key, mixer, layer, scaled), cached, CACHED_MAPS * len(self.models))
             if isinstance(cached, MixingMaps):
                 out[mixer] = cached.row(query)
-            else:  # the gradient fallback: one query at a time, from the cached layer input
-                out[mixer] = mixing_rows(block.mixer, cached, model.grid, query, scaled=scaled)
+            else:  # the gradient fallback: one query at a time, from the cached layer input; each query kept
+                key = (image_key, mixer, layer, query)
+                rows = self._gradients.get(key) if image_key is not None else None
+                if rows is None:
+                    rows = mixing_rows(block.mixer, cached, model.grid, query, scaled=scaled)
+                    if image_key is not None:
+                        _remember(self._gradients, key, rows, CACHED_GRADIENT_ROWS)
+                out[mixer] = rows
         return out
 
 
