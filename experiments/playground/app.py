@@ -9,8 +9,11 @@
     POST /api/weights         body: {"folder": DIR} (or "" for untrained models) -> the new state
     POST /api/models          body: {"heads": H, "mixers": [NAME, ...]} (either) -> the new state
 
-Bad input is answered with status 400 and {"error": message} (the page shows it), any other failure with 500
-and the same shape; the server keeps serving either way.
+Every request is checked first (`guards.py`): its Host must name this server, a POST must come from this page
+with a JSON (or, for an upload, binary) content type and an honest Content-Length; anything else is refused
+(403, 415, 400, 413, or 408 for a body that stops arriving) before it does anything. Bad input is answered with
+status 400 and {"error": message} (the page shows it), any other failure with 500 and the same shape; the server
+keeps serving either way.
 """
 from __future__ import annotations
 
