@@ -236,6 +236,7 @@ def test_vmamba_four_scans_rebuild_the_whole_mixer() -> None:
     assert scans[1].matrix[0, :, later].abs().max() == 0
     y = sum(torch.einsum("bdij,bdj->bdi", s.matrix, s.u) + s.skip[:, None] * s.u for s in scans)  # (B, D, L)
     y = mixer.out_norm(rearrange(y, "b d l -> b l d")) * F.silu(z)
+    # float64 throughout: the matrix form and the scan differ only in the order they sum, ~1e-15 relative.
     torch.testing.assert_close(mixer.out_proj(y), mixer(x, grid), rtol=1e-9, atol=1e-11)
 
 
@@ -247,6 +248,7 @@ def test_gla_two_directions_rebuild_the_whole_mixer() -> None:
     o = (forward + backward) @ v  # (B, heads, L, head_v_dim)
     o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + mixer.norm_eps) * mixer.g_norm_weight
     y = mixer.o_proj(rearrange(o, "b h l d -> b l (h d)") * F.silu(mixer.g_proj(x)))
+    # float64 throughout (chunk_gla keeps float64 inputs in float64): only the order of summation differs.
     torch.testing.assert_close(y, mixer(x, grid), rtol=1e-9, atol=1e-11)
 
 
@@ -267,7 +269,7 @@ def test_recurrence_rows_are_the_mean_magnitudes_of_the_tested_matrices(name: st
     else:
         f, b, _ = gla_matrices(mixer, x)
         expected = torch.stack([(f + b).abs(), f.abs(), b.abs()], dim=2)[0]  # (heads, 3, L, L)
-    for query in (0, 5, 11):
+    for query in (0, 5, 11):  # float64 both ways: a row and the whole matrix differ only in summation order
         shown = mixing_rows(mixer, x, grid, query)
         assert shown.family == name and shown.heads == expected.shape[0]
         assert len(shown.view_names) == expected.shape[1] and len(shown.map_names) == len(shown.rows)
