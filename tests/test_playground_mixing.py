@@ -10,8 +10,9 @@ from einops import rearrange
 from torch import nn
 
 from experiments.playground.mixing import (
-    attention_matrix, conv_row, family_of, gradient_row, linear_matrix, mamba_matrices, mixing_rows, swin_matrix,
+    attention_matrix, conv_row, family_of, gradient_row, linear_matrix, mixing_rows, neighborhood_matrix, swin_matrix,
 )
+from experiments.playground.recurrences import gla_matrices, mamba_matrices, vmamba_matrices
 from mixers import TokenMixer, create_mixer, list_mixers
 from mixers.selective_scan import selective_scan_reference
 
@@ -198,3 +199,89 @@ def test_every_registered_mixer_gets_a_row_per_map(name: str) -> None:
 def test_mixing_rows_refuses_a_query_outside_the_grid() -> None:
     with pytest.raises(ValueError, match="outside the 2 x 2 grid"):
         mixing_rows(copy.deepcopy(mixer64("linear")), tokens((2, 2)), (2, 2), 4)
+
+
+@pytest.mark.parametrize("grid, kernel_size", [((6, 7), 3), ((5, 5), 7), ((8, 8), 5)])
+def test_neighborhood_is_zero_outside_the_neighbourhood_and_rebuilds_the_mixer(grid: tuple[int, int],
+                                                                               kernel_size: int) -> None:
+    mixer, x = mixer64("neighborhood", kernel_size=kernel_size), tokens(grid)
+    with torch.no_grad():
+        mixer.rpb.normal_(0, 1)  # a bias far from its near-zero init, so a misplaced offset shows
+    matrix = neighborhood_matrix(mixer, x, grid)
+    H, W = grid
+    kh, kw = min(kernel_size, H), min(kernel_size, W)
+    for i in (0, W + 1, H * W - 1):
+        r, c = divmod(i, W)
+        r0, c0 = min(max(r - kernel_size // 2, 0), H - kh), min(max(c - kernel_size // 2, 0), W - kw)
+        inside = {rr * W + cc for rr in range(r0, r0 + kh) for cc in range(c0, c0 + kw)}
+        outside = [j for j in range(H * W) if j not in inside]
+        assert not outside or matrix[0, :, i, outside].abs().max() == 0  # exactly zero, not small
+        assert matrix[0, :, i, sorted(inside)].min() > 0
+    torch.testing.assert_close(rebuilt(mixer, matrix, x), mixer(x, grid), rtol=1e-10, atol=1e-12)
+
+
+def test_vmamba_four_scans_rebuild_the_whole_mixer() -> None:
+    grid = (3, 5)  # not square: row-major and column-major orders differ in length of their runs
+    mixer, x = mixer64("vmamba", d_state=3, expand=2), tokens(grid)
+    scans, z = vmamba_matrices(mixer, x, grid)
+    assert len(scans) == 4
+    L = grid[0] * grid[1]
+    # The row-major scan is causal in token order; the reversed one anti-causal.
+    assert torch.equal(scans[0].matrix, scans[0].matrix.tril())
+    assert torch.equal(scans[2].matrix, scans[2].matrix.triu())
+    # The column-major scan: token (r, c) hears (r', c') only if (c', r') <= (c, r), i.e. earlier in column order.
+    order = torch.arange(L).view(grid).t().reshape(-1)  # column-major step -> token
+    step = torch.argsort(order)
+    later = step[None, :] > step[:, None]  # (L, L): j comes after i in the column-major scan
+    assert scans[1].matrix[0, :, later].abs().max() == 0
+    y = sum(torch.einsum("bdij,bdj->bdi", s.matrix, s.u) + s.skip[:, None] * s.u for s in scans)  # (B, D, L)
+    y = mixer.out_norm(rearrange(y, "b d l -> b l d")) * F.silu(z)
+    # float64 throughout: the matrix form and the scan differ only in the order they sum, ~1e-15 relative.
+    torch.testing.assert_close(mixer.out_proj(y), mixer(x, grid), rtol=1e-9, atol=1e-11)
+
+
+def test_gla_two_directions_rebuild_the_whole_mixer() -> None:
+    grid = (4, 5)
+    mixer, x = mixer64("gla", chunk_size=8), tokens(grid)
+    forward, backward, v = gla_matrices(mixer, x)
+    assert torch.equal(forward, forward.tril()) and torch.equal(backward, backward.triu())
+    o = (forward + backward) @ v  # (B, heads, L, head_v_dim)
+    o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + mixer.norm_eps) * mixer.g_norm_weight
+    y = mixer.o_proj(rearrange(o, "b h l d -> b l (h d)") * F.silu(mixer.g_proj(x)))
+    # float64 throughout (chunk_gla keeps float64 inputs in float64): only the order of summation differs.
+    torch.testing.assert_close(y, mixer(x, grid), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name, options", [("mamba", {"d_state": 4, "expand": 1}),
+                                           ("vmamba", {"d_state": 2, "expand": 1}), ("gla", {})])
+def test_recurrence_rows_are_the_mean_magnitudes_of_the_tested_matrices(name: str, options: dict) -> None:
+    """The rows the page draws (one row unrolled per click) against the whole matrices rebuilt above."""
+    grid = (3, 4)
+    mixer, x = mixer64(name, **options), tokens(grid)
+    if name == "mamba":
+        f, b = mamba_matrices(mixer, x)
+        fwd, bwd = f.matrix[0].abs().mean(0), b.matrix[0].abs().mean(0)  # (L, L)
+        expected = torch.stack([(fwd + bwd) / 2, fwd, bwd])[None]  # (1 head, 3 views, L, L)
+    elif name == "vmamba":
+        scans, _ = vmamba_matrices(mixer, x, grid)
+        each = torch.stack([s.matrix[0].abs().mean(0) for s in scans])  # (4, L, L)
+        expected = torch.cat([each.sum(0, keepdim=True), each])[None]  # (1, 5, L, L)
+    else:
+        f, b, _ = gla_matrices(mixer, x)
+        expected = torch.stack([(f + b).abs(), f.abs(), b.abs()], dim=2)[0]  # (heads, 3, L, L)
+    for query in (0, 5, 11):  # float64 both ways: a row and the whole matrix differ only in summation order
+        shown = mixing_rows(mixer, x, grid, query)
+        assert shown.family == name and shown.heads == expected.shape[0]
+        assert len(shown.view_names) == expected.shape[1] and len(shown.map_names) == len(shown.rows)
+        torch.testing.assert_close(shown.rows, expected[:, :, query].reshape(len(shown.rows), -1),
+                                   rtol=1e-10, atol=1e-13)
+
+
+def test_vmamba_and_gla_views_are_labelled() -> None:
+    grid = (4, 4)
+    shown = mixing_rows(mixer64("vmamba"), tokens(grid), grid, 5)
+    assert shown.map_names == ("all four scans", "row-major scan", "column-major scan", "row-major reversed",
+                               "column-major reversed")
+    shown = mixing_rows(mixer64("gla"), tokens(grid), grid, 5)
+    assert shown.map_names[:4] == ("head 0, both directions", "head 0, forward", "head 0, backward",
+                                   "head 1, both directions")

@@ -6,10 +6,11 @@
 
 A local web app (127.0.0.1 only): one image (built-in examples or an upload) with its patch grid; a click makes
 that patch the query, and one panel per mixer shows its mixing row over the image at the chosen layer
-(attention and swin: softmax rows per head, with or without the 1/sqrt(d) scale; linear attention: its implicit
-normalised kernel matrix; mamba: the selective scan unrolled into its hidden-attention matrix; any other mixer:
-the gradient of the output token with respect to the input tokens), beside the fixed 3 x 3 neighbourhood of a
-convolution. The maps are computed in experiments/playground/mixing.py.
+(attention, swin and neighborhood: softmax rows per head, with or without the 1/sqrt(d) scale; linear attention:
+its implicit normalised kernel matrix; mamba: the selective scan unrolled into its hidden-attention matrix, per
+direction; vmamba: each of its four scans unrolled; gla: each direction's gated linear attention matrix per head;
+any other mixer: the gradient of the output token with respect to the input tokens), beside the fixed 3 x 3
+neighbourhood of a convolution. The maps are computed in experiments/playground/mixing.py.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from mixers import list_mixers
 
 from ..train.weights import WeightsError
-from .images import DEFAULT_CIFAR
+from .images import DEFAULT_CIFAR, ImageError
 
 DEFAULT_PORT = 8777
 
@@ -31,18 +32,30 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (0: a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give 0 to 65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number: give 0 to 65535 (0 picks a free one)")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .model_set import DEFAULT_MIXERS
 
     parser = _Parser(prog="python -m experiments.playground", allow_abbrev=False,
                      description=__doc__.split("\n\n")[2].replace("\n", " "),
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port on 127.0.0.1; 0 picks a free one")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port on 127.0.0.1; 0 picks a free one")
     parser.add_argument("--weights", type=Path, default=None, metavar="DIR",
                         help="a sweep's --out folder holding weights/*.safetensors (written by `python -m "
                              "experiments.sweep --save-weights`); default: untrained models")
     parser.add_argument("--mixers", nargs="+", default=list(DEFAULT_MIXERS), metavar="NAME",
-                        help=f"untrained models to show (registered: {', '.join(list_mixers())}; attention_naive "
+                        help=f"untrained models shown first; the page offers every registered mixer "
+                             f"(registered: {', '.join(list_mixers())}; attention_naive "
                              "is attention's module and weights, so it is left out by default)")
     parser.add_argument("--preset", default="micro", help="backbone preset of the untrained models")
     parser.add_argument("--img-size", type=int, default=32, metavar="PX", help="image side of the untrained models")
@@ -67,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown mixer(s) {', '.join(unknown)}; registered: {', '.join(list_mixers())}")
     try:
-        untrained = ModelSet.untrained(tuple(args.mixers), img_size=args.img_size, patch_size=args.patch_size,
+        # Every registered mixer is built (they are small), so the page can show any of them; --mixers are shown.
+        offered = tuple(dict.fromkeys([*args.mixers, *list_mixers()]))
+        untrained = ModelSet.untrained(offered, img_size=args.img_size, patch_size=args.patch_size,
                                        preset=args.preset, seed=args.seed)
         models = ModelSet.from_folder(args.weights) if args.weights else untrained
     except (WeightsError, ValueError) as error:
@@ -77,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.screenshot and not 0 <= args.screenshot_patch < tokens:
         parser.error(f"--screenshot-patch {args.screenshot_patch} is outside the {models.grid[0]} x "
                      f"{models.grid[1]} grid: choose 0 to {tokens - 1}")
-    playground = Playground(models, args.cifar, untrained)
+    try:
+        playground = Playground(models, args.cifar, untrained, shown=tuple(args.mixers))
+    except ImageError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
     try:
         server = serve(playground, args.port)
     except OSError as error:
@@ -105,14 +124,14 @@ def _screenshot(server, url: str, args: argparse.Namespace, prog: str) -> int:
     thread.start()
     try:
         grid = _grid(url)
-        path = screenshot(url, args.screenshot, args.screenshot_patch, grid, image_name=_first_cifar(url))
+        path, shown = screenshot(url, args.screenshot, args.screenshot_patch, grid, image_name=_first_cifar(url))
     except BrowserUnavailable as error:
         print(f"{prog}: error: no headless browser for --screenshot: {error}", file=sys.stderr)
         return 2
     finally:
         server.shutdown()
         server.server_close()
-    print(f"screenshot: {path}")
+    print(f"screenshot: {path} (panels: {', '.join(shown)})")
     return 0
 
 

@@ -7,9 +7,13 @@
                               every mixer's mixing row of patch I at layer L, and the 3 x 3 convolution's
     POST /api/upload          body: an image file -> {"id", "name"}
     POST /api/weights         body: {"folder": DIR} (or "" for untrained models) -> the new state
+    POST /api/models          body: {"heads": H, "mixers": [NAME, ...]} (either) -> the new state
 
-Bad input is answered with status 400 and {"error": message} (the page shows it), any other failure with 500
-and the same shape; the server keeps serving either way.
+Every request is checked first (`guards.py`): its Host must name this server, a POST must come from this page
+with a JSON (or, for an upload, binary) content type and an honest Content-Length; anything else is refused
+(403, 415, 400, 413, or 408 for a body that stops arriving) before it does anything. Bad input is answered with
+status 400 and {"error": message} (the page shows it), any other failure with 500 and the same shape; the server
+keeps serving either way.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import json
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -25,12 +30,13 @@ import numpy as np
 from PIL import Image
 
 from ..train.weights import WeightsError
+from .guards import READ_TIMEOUT_S, Refused, check_host, check_post, content_length
 from .images import ImageError, decode_upload, example_images
 from .mixing import conv_row
 from .model_set import ModelSet
 
 PAGE = Path(__file__).with_name("page.html")
-MAX_UPLOADS = 16  # uploads kept in memory; the oldest go first
+MAX_UPLOADS = 4  # uploads kept in memory (each at most 1024 px a side, 3 MiB); the oldest go first
 
 
 class BadRequest(ValueError):
@@ -43,20 +49,25 @@ class Playground:
     Args:
         models: the models on show.
         cifar: the CIFAR-10 subset for the examples (None: none).
-        untrained: builds the untrained model set, for a weights request with an empty folder.
+        untrained: the untrained model set, for a weights request with an empty folder.
+        shown: the untrained mixers shown first (default: all); the page can show the others.
     """
 
-    def __init__(self, models: ModelSet, cifar: Path | None, untrained: ModelSet | None = None) -> None:
+    def __init__(self, models: ModelSet, cifar: Path | None, untrained: ModelSet | None = None,
+                 shown: tuple[str, ...] | None = None) -> None:
         self.lock = threading.Lock()  # one computation at a time: the models are shared by the handler threads
         self.cifar = cifar
         self.untrained = untrained or models
+        self.untrained_shown = list(shown) if shown is not None else list(self.untrained.models)
         self.uploads: dict[str, tuple[str, np.ndarray]] = {}
         self.upload_count = 0  # ids stay unique after the oldest uploads are dropped
-        self._use(models)
+        self.shown: list[str] = []
+        self._use(models, self.untrained_shown if models is self.untrained else None)
 
-    def _use(self, models: ModelSet) -> None:
+    def _use(self, models: ModelSet, shown: Iterable[str] | None = None) -> None:
         examples, notes = example_images(models.img_size, models.patch_size, self.cifar)
         self.models = models
+        self.shown = [m for m in (models.models if shown is None else shown) if m in models.models]
         self.example_notes = notes
         self.examples = {f"example-{i}": (name, image) for i, (name, image) in enumerate(examples.items())}
 
@@ -67,8 +78,11 @@ class Playground:
         m = self.models
         return {
             "description": m.description,
-            "weights": m.labels,
-            "mixers": list(m.models),
+            "weights": {mixer: m.labels[mixer] for mixer in self.shown},
+            "mixers": list(self.shown),
+            "available": list(m.models),
+            "heads": m.heads,
+            "heads_options": m.heads_options,
             "layers": m.depth,
             "grid": list(m.grid),
             "img_size": m.img_size,
@@ -76,6 +90,27 @@ class Playground:
             "images": [{"id": key, "name": name} for key, (name, _) in self.images().items()],
             "notes": [*m.notes, *self.example_notes],
         }
+
+    def choose(self, heads: object = None, mixers: object = None) -> dict:
+        """Shows other mixers of the set, or the untrained models built with another number of heads."""
+        if mixers is not None:
+            if not isinstance(mixers, list) or not all(isinstance(m, str) for m in mixers):
+                raise BadRequest("mixers must be a list of mixer names")
+            unknown = [m for m in mixers if m not in self.models.models]
+            if unknown:
+                raise BadRequest(f"no model for {', '.join(unknown)}: choose among {', '.join(self.models.models)}")
+        if heads is not None:
+            if isinstance(heads, bool) or not isinstance(heads, int):
+                raise BadRequest(f"heads must be an integer, got {heads!r}")
+            models = self.models.with_heads(heads)
+            if models is not self.models:
+                if self.models is self.untrained:
+                    self.untrained = models  # Load with an empty folder comes back to these heads
+                self.models = models
+        self.shown = [m for m in self.models.models if m in (self.shown if mixers is None else mixers)]
+        if self.untrained is self.models:
+            self.untrained_shown = list(self.shown)
+        return self.state()
 
     def image_png(self, image_id: str) -> bytes:
         buffer = io.BytesIO()
@@ -95,17 +130,20 @@ class Playground:
             raise BadRequest(f"patch {patch} is outside the {grid[0]} x {grid[1]} grid")
         if not 0 <= layer < m.depth:
             raise BadRequest(f"layer {layer} does not exist: choose 0 to {m.depth - 1}")
-        shown = m.rows(self._image(image_id), patch, layer, scaled=scaled)
+        shown = m.rows(self._image(image_id), patch, layer, scaled=scaled, image_key=image_id, mixers=self.shown)
         panels = []
         for mixer, rows in shown.items():
             mixer_module = m.models[mixer].blocks[layer].mixer
             panels.append({
                 "mixer": mixer, "family": rows.family, "maps": rows.rows.tolist(), "map_names": list(rows.map_names),
-                "note": rows.note, "weights": m.labels[mixer],
-                "window_size": getattr(mixer_module, "window_size", None), "shift": getattr(mixer_module, "shift", None),
+                "note": rows.note, "weights": m.labels[mixer], "heads": rows.heads,
+                "views": list(rows.view_names),
+                "window_size": getattr(mixer_module, "window_size", None),
+                "shift": getattr(mixer_module, "shift", None),
             })
         panels.append({"mixer": "conv 3x3", "family": "conv", "maps": [conv_row(grid, patch).tolist()],
                        "map_names": ["3 x 3 kernel"], "weights": "fixed",
+                       "heads": 1, "views": [""],
                        "note": "what a 3 x 3 convolution over the patch grid reads: the same neighbourhood everywhere"})
         return {"image": image_id, "patch": patch, "layer": layer, "scaled": scaled, "grid": list(grid),
                 "panels": panels}
@@ -120,7 +158,10 @@ class Playground:
         return {"id": key, "name": self.uploads[key][0]}
 
     def load_weights(self, folder: str) -> dict:
-        self._use(ModelSet.from_folder(Path(folder)) if folder.strip() else self.untrained)
+        if folder.strip():
+            self._use(ModelSet.from_folder(Path(folder)))
+        else:
+            self._use(self.untrained, self.untrained_shown)
         return self.state()
 
 
@@ -128,6 +169,7 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
     """A request handler class bound to `playground`."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # the socket's timeout: a body that stops arriving frees the thread
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
             pass  # the terminal shows the address and errors, not every request
 
@@ -146,6 +188,8 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
             try:
                 with playground.lock:
                     result = work()
+                # allow_nan=False: a NaN would make the answer invalid JSON; it fails here, as a 500 the page shows
+                body = result if isinstance(result, bytes) else json.dumps(result, allow_nan=False).encode()
             except (BadRequest, ImageError, WeightsError, ValueError) as error:
                 self._json(HTTPStatus.BAD_REQUEST, {"error": str(error)})
                 return
@@ -153,12 +197,25 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
                 self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(error).__name__}: "
                                                                         f"{error}"})
                 return
-            if isinstance(result, bytes):
-                self._send(HTTPStatus.OK, result, "image/png")
-            else:
-                self._json(HTTPStatus.OK, result)
+            self._send(HTTPStatus.OK, body, "image/png" if isinstance(result, bytes) else "application/json")
+
+        def _guard(self, post: bool) -> int | None:
+            """Checks the request's headers (`guards.py`); the body length to read, or None once refused."""
+            path = urlparse(self.path).path
+            try:
+                check_host(self.headers, self.server.server_address[1])
+                if not post:
+                    return 0
+                check_post(self.headers, path, self.server.server_address[1])
+                return content_length(self.headers, path)
+            except Refused as refused:
+                self.close_connection = True  # an unread body must not be taken for the next request
+                self._json(refused.status, {"error": str(refused)})
+                return None
 
         def do_GET(self) -> None:  # noqa: N802 - the base class's name
+            if self._guard(post=False) is None:
+                return
             url = urlparse(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             if url.path in ("/", "/index.html"):
@@ -174,13 +231,30 @@ def make_handler(playground: Playground) -> type[BaseHTTPRequestHandler]:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {url.path}"})
 
         def do_POST(self) -> None:  # noqa: N802 - the base class's name
+            length = self._guard(post=True)
+            if length is None:
+                return
             url = urlparse(self.path)
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body = self.rfile.read(length)
+            except TimeoutError:  # the Content-Length promised more than arrived
+                self.close_connection = True
+                self._json(HTTPStatus.REQUEST_TIMEOUT, {"error": f"the request body stopped arriving before the "
+                                                                 f"{length} bytes its Content-Length promised"})
+                return
+            if len(body) < length:  # the client closed its side early
+                self.close_connection = True
+                self._json(HTTPStatus.BAD_REQUEST, {"error": f"the request body has {len(body)} of the {length} "
+                                                             "bytes its Content-Length promised"})
+                return
             if url.path == "/api/upload":
                 name = parse_qs(url.query).get("name", [""])[-1]
                 self._answer(lambda: playground.upload(body, name))
             elif url.path == "/api/weights":
                 self._answer(lambda: playground.load_weights(str(_json_body(body).get("folder", ""))))
+            elif url.path == "/api/models":
+                self._answer(lambda: playground.choose(**{k: v for k, v in _json_body(body).items()
+                                                          if k in ("heads", "mixers")}))
             else:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {url.path}"})
 

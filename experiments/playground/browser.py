@@ -74,9 +74,10 @@ def wait_for_page(driver, url: str) -> None:
                                    "&& picture.complete && picture.naturalWidth > 0"))
 
 
-def screenshot(url: str, path: Path, patch: int, grid: tuple[int, int], image_name: str | None = None) -> Path:
+def screenshot(url: str, path: Path, patch: int, grid: tuple[int, int], image_name: str | None = None,
+               ) -> tuple[Path, list[str]]:
     """Opens the playground at `url`, picks the example named `image_name` (or the first), clicks `patch`, and
-    saves a PNG screenshot of the page to `path`."""
+    saves a PNG screenshot of the page to `path`; returns the path and the panels shown (mixer names)."""
     driver = open_browser()
     try:
         wait_for_page(driver, url)
@@ -95,9 +96,10 @@ def screenshot(url: str, path: Path, patch: int, grid: tuple[int, int], image_na
             size = driver.get_window_size()
             driver.set_window_size(size["width"], size["height"] + page - view + 16)
         driver.save_screenshot(str(path))
+        shown = [panel.get_attribute("data-mixer") for panel in driver.find_elements("css selector", "#panels .panel")]
     finally:
         driver.quit()
-    return path
+    return path, shown
 
 
 def wait_for_page_image(driver) -> None:

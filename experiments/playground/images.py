@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,16 @@ from PIL import Image, UnidentifiedImageError
 from ..train.pathfinder import MIN_IMG_SIZE, generate_pathfinder
 from ..train.reach import generate_reach, reach_params
 
-# Where the shared CIFAR-10 subset lies relative to the repository root (/work/shared/data/README.md).
-DEFAULT_CIFAR = Path("../shared/data/cifar10-subset.npz")
+# The shared CIFAR-10 subset lies beside the repository (/work/shared/data/README.md): found from this file, not
+# from the current folder, so the page has its examples wherever it is started.
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_CIFAR = REPO.parent / "shared" / "data" / "cifar10-subset.npz"
 CIFAR_EXAMPLES = 3  # test images of different classes
 MAX_UPLOAD_BYTES = 20 << 20
+# A small PNG can decode to gigabytes (12000 x 12000 px from 434 KiB): the decoded size is capped before decoding,
+# and what is kept is at most KEPT_SIDE px on its longer side (the models see at most 1024 px).
+MAX_UPLOAD_PIXELS = 50_000_000
+KEPT_SIDE = 1024
 
 
 class ImageError(ValueError):
@@ -38,10 +45,11 @@ def example_images(img_size: int, patch_size: int, cifar: Path | None = DEFAULT_
     """
     examples, notes = {}, []
     if cifar is not None and cifar.is_file():
-        with np.load(cifar) as data:
-            x, y, classes = data["x_test"], data["y_test"], [str(c) for c in data["classes"]]
-            for label in range(min(CIFAR_EXAMPLES, len(classes))):
-                index = int(np.flatnonzero(y == label)[0])
+        x, y, classes = read_cifar(cifar)
+        for label in range(min(CIFAR_EXAMPLES, len(classes))):
+            found = np.flatnonzero(y == label)
+            if len(found):
+                index = int(found[0])
                 examples[f"cifar10 test #{index} ({classes[label]})"] = np.ascontiguousarray(x[index])
     else:
         notes.append(f"CIFAR-10 examples left out: {cifar} not found (see /work/shared/data/README.md)")
@@ -55,11 +63,38 @@ def example_images(img_size: int, patch_size: int, cifar: Path | None = DEFAULT_
     return examples, notes
 
 
-def decode_upload(data: bytes, patch_size: int) -> np.ndarray:
-    """An uploaded file as an (H, W, 3) uint8 RGB image, refused when no patch fits in it.
+def read_cifar(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The test images (n, H, W, 3) uint8, their labels (n,) and the class names of a CIFAR-10 subset .npz.
 
     Raises:
-        ImageError: not an image, too large a file, or smaller than one patch.
+        ImageError: not a readable .npz (truncated, a folder, pickled objects), or without the arrays or shapes
+            `experiments/train/datasets.py` writes; the message names the file.
+    """
+    fix = "give the CIFAR-10 subset .npz (x_test, y_test, classes) with --cifar, or a missing path to leave it out"
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [key for key in ("x_test", "y_test", "classes") if key not in data.files]
+            if missing:
+                raise ImageError(f"--cifar {path} has no {', '.join(missing)}: {fix}")
+            x, y, classes = data["x_test"], data["y_test"], data["classes"]
+    except ImageError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:  # truncated, object arrays, not an npz
+        raise ImageError(f"--cifar {path} cannot be read ({type(error).__name__}: {str(error)[:120]}): {fix}") from None
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3 or min(x.shape[1:3], default=0) < 1:
+        raise ImageError(f"--cifar {path}: x_test is {x.dtype} {x.shape}, not (n, H, W, 3) uint8 images: {fix}")
+    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+        raise ImageError(f"--cifar {path}: y_test is {y.dtype} {y.shape}, not one integer label per image: {fix}")
+    if classes.ndim != 1 or classes.dtype.kind not in "US":
+        raise ImageError(f"--cifar {path}: classes is {classes.dtype} {classes.shape}, not a list of names: {fix}")
+    return x, y, [str(c) for c in classes]
+
+
+def decode_upload(data: bytes, patch_size: int) -> np.ndarray:
+    """An uploaded file as an (H, W, 3) uint8 RGB image, at most `KEPT_SIDE` px on its longer side.
+
+    Raises:
+        ImageError: not an image, too large a file or too many pixels, or smaller than one patch.
     """
     if not data:
         raise ImageError("the upload is empty: choose an image file (PNG, JPEG, ...)")
@@ -67,12 +102,22 @@ def decode_upload(data: bytes, patch_size: int) -> np.ndarray:
         raise ImageError(f"the upload is {len(data) >> 20} MiB; give an image under {MAX_UPLOAD_BYTES >> 20} MiB")
     try:
         with Image.open(io.BytesIO(data)) as opened:
+            width, height = opened.size  # from the header: nothing decoded yet
+            if width * height > MAX_UPLOAD_PIXELS:
+                raise ImageError(f"the image is {width} x {height} px ({width * height / 1e6:.0f} Mpx decoded); "
+                                 f"give one under {MAX_UPLOAD_PIXELS / 1e6:.0f} Mpx")
+            if min(width, height) < patch_size:
+                raise ImageError(f"the image is {width} x {height} px, smaller than one {patch_size} x {patch_size} "
+                                 f"px patch: upload an image at least {patch_size} px on each side")
+            if max(width, height) > KEPT_SIDE:
+                opened.draft("RGB", (KEPT_SIDE, KEPT_SIDE))  # JPEG: decode at a reduced scale where it can
+                opened.thumbnail((KEPT_SIDE, KEPT_SIDE), Image.BILINEAR)
             image = np.asarray(opened.convert("RGB"))
-    except (UnidentifiedImageError, OSError, ValueError) as error:
+    except ImageError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
         raise ImageError(f"could not read the upload as an image ({type(error).__name__}): give a PNG or "
                          "JPEG file") from None
-    h, w = image.shape[:2]
-    if min(h, w) < patch_size:
-        raise ImageError(f"the image is {w} x {h} px, smaller than one {patch_size} x {patch_size} px patch: "
-                         f"upload an image at least {patch_size} px on each side")
+    if min(image.shape[:2]) < 1:  # a long thin image thumbnailed to nothing
+        raise ImageError(f"the image is {width} x {height} px, too thin to show: upload a squarer image")
     return image

@@ -1,43 +1,79 @@
 """Token-to-token mixing matrices: how much each input token feeds one output token of a mixer, for a given input.
 
 Once the input ``x`` (B, N, C) of a mixer is fixed, every built-in mixer mixes tokens linearly: its output is a
-matrix over tokens applied to a per-token quantity, followed by per-token work. Each function below returns that
-matrix, and each one's docstring says exactly which part of the mixer it represents (the tests rebuild the
-mixer's own output from it):
+matrix over tokens applied to a per-token quantity, followed by per-token work. Each function below (and in
+`recurrences.py` for mamba, vmamba and gla) returns that matrix, and each one's docstring says exactly which part
+of the mixer it represents (the tests rebuild the mixer's own output from it):
 
 - ``attention`` (and ``attention_naive``, the same module): ``A_h = softmax(q_h k_h^T * scale)`` per head, with
   ``scale = head_dim ** -0.5`` or 1 ("scale removed"); the mixer returns ``proj(concat_h A_h v_h)``.
 - ``swin``: the same softmax with the relative position bias, inside the (shifted) window of the layer, over the
   real tokens of the grid; exactly zero outside the window; the mixer returns ``proj(concat_h A_h v_h)``.
+- ``neighborhood``: the softmax over each query's k x k neighbourhood with NAT's relative position bias; exactly
+  zero outside it; the mixer returns ``proj(concat_h A_h v_h)``.
 - ``linear``: ``A_h[i, j] = phi(q_i) . phi(k_j) / (phi(q_i) . sum_j phi(k_j) + N eps)``, the mixer's own ``eps``
   included so that ``A_h v_h`` is the mixer's output before ``proj`` to round-off.
-- ``mamba``: the selective scan unrolled ("hidden attention", Ali et al. 2024), per direction and scanned channel
-  d: ``alpha_d[i, j] = sum_n C_i[n] exp(A_d[n] (S_i - S_j)) delta_j B_j[n]`` for ``j <= i`` in scan order, with
-  ``S_i = sum_{s <= i} delta_s``: the scan from its input ``u`` (after the direction's causal conv and silu) to
-  its output before the ``D u`` skip and the ``silu(z)`` gate. The backward direction is given in the original
-  token order (so it is upper triangular).
+- ``mamba``, ``vmamba``, ``gla``: their recurrences unrolled (`recurrences.py`): mamba's two scan directions,
+  vmamba's four scans, gla's two directions per head.
 - any other registered mixer: the gradient fallback, ``||d y_i / d x_j||_F`` over the (C x C) channel block, the
   effective receptive field of one layer for output token i.
 
-``mixing_rows`` picks the family by class and returns the row of one query token in the shape the app draws.
+`mixing_maps` computes a mixer's whole maps for one input (every query at once, so the app computes them once per
+image and layer and a click only reads a row); `mixing_rows` picks the row of one query token in the shape the app
+draws.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
 from mixers import Grid
 from mixers.attention import Attention
+from mixers.gla import BiGLA
 from mixers.linear import LinearAttention
 from mixers.mamba import VimMixer
+from mixers.neighborhood import NeighborhoodAttention, clipped_kernel, neighbourhood_index
 from mixers.swin import SwinAttention, window_mask
+from mixers.vmamba import SS2D
 
-FAMILIES: tuple[str, ...] = ("attention", "swin", "linear", "mamba", "gradient")
+from .recurrences import VMAMBA_SCANS, gla_map_rows, mamba_map_rows, vmamba_map_rows
+
+FAMILIES: tuple[str, ...] = ("attention", "swin", "neighborhood", "linear", "mamba", "vmamba", "gla", "gradient")
+
+
+@dataclass(frozen=True)
+class MixingMaps:
+    """Every query's mixing rows of one mixer for one input, ready to be read: what a click reads.
+
+    Attention-like maps are whole (N x N per head) matrices; the recurrences keep their scan inputs and unroll one
+    row per call (a row costs 1/N of the matrix), so either way the work that depends only on the image and layer
+    is done once.
+
+    Attributes:
+        family: how the maps were computed (one of `FAMILIES`).
+        heads: heads among the maps (1 for a mixer without heads).
+        view_names: a label for each view of a head (a recurrence's directions; one "" view for attention-like
+            mixers).
+        note: one line on what the values are.
+        rows_of: query -> (heads, views, N) float64; ``[h, v, j]``: weight of input token j in the query's output.
+    """
+
+    family: str
+    heads: int
+    view_names: tuple[str, ...]
+    note: str
+    rows_of: Callable[[int], Tensor]
+
+    def row(self, query: int) -> MixingRows:
+        """The rows of token `query`, flattened head-major."""
+        with torch.inference_mode():
+            rows = self.rows_of(query).reshape(self.heads * len(self.view_names), -1).double()  # (heads * views, N)
+        return MixingRows(self.family, rows, map_names(self.heads, self.view_names), self.note, self.heads,
+                          self.view_names)
 
 
 @dataclass(frozen=True)
@@ -46,28 +82,38 @@ class MixingRows:
 
     Attributes:
         family: how the rows were computed (one of `FAMILIES`).
-        rows: (maps, N) float64; ``rows[m, j]``: weight of input token j in the query's output, in map m
-            (a head for attention-like mixers; mamba: both directions, forward, backward; gradient: one map).
-        map_names: a label for each map, for the head slider.
+        rows: (heads * views, N) float64; ``rows[h * views + v, j]``: weight of input token j in the query's
+            output, in view v of head h.
+        map_names: a label for each row.
         note: one line on what the values are.
+        heads: heads among the rows (1 for a mixer without heads: mamba, vmamba, the gradient).
+        view_names: a label for each view of a head (one view for attention-like mixers).
     """
 
     family: str
     rows: Tensor
     map_names: tuple[str, ...]
     note: str
+    heads: int = 1
+    view_names: tuple[str, ...] = ("",)
+
+
+def map_names(heads: int, view_names: tuple[str, ...]) -> tuple[str, ...]:
+    """Labels of (head, view) pairs, head-major: "head 1", "forward", "head 0, backward"."""
+    names = []
+    for h in range(heads):
+        for view in view_names:
+            parts = ([f"head {h}"] if heads > 1 or view == "" else []) + ([view] if view else [])
+            names.append(", ".join(parts))
+    return tuple(names)
 
 
 def family_of(mixer: nn.Module) -> str:
     """The mixing family of a mixer module; `gradient` for any mixer without an exact map."""
-    if isinstance(mixer, SwinAttention):
-        return "swin"
-    if isinstance(mixer, Attention):
-        return "attention"
-    if isinstance(mixer, LinearAttention):
-        return "linear"
-    if isinstance(mixer, VimMixer):
-        return "mamba"
+    for family, kind in (("swin", SwinAttention), ("attention", Attention), ("neighborhood", NeighborhoodAttention),
+                         ("linear", LinearAttention), ("mamba", VimMixer), ("vmamba", SS2D), ("gla", BiGLA)):
+        if isinstance(mixer, kind):
+            return family
     return "gradient"
 
 
@@ -135,6 +181,37 @@ def swin_matrix(mixer: SwinAttention, x: Tensor, grid: Grid, *, scaled: bool = T
     return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)  # (B, heads, N, N)
 
 
+def neighborhood_matrix(mixer: NeighborhoodAttention, x: Tensor, grid: Grid, *, scaled: bool = True) -> Tensor:
+    """Neighbourhood attention matrices over the whole grid: each query's softmax over its k x k keys.
+
+    The logits are the mixer's (``q k^T * scale`` plus NAT's relative position bias ``rpb``) at the pairs
+    `mixers.neighborhood.neighbourhood_index` names; every other pair gets no weight at all.
+
+    Args:
+        mixer: a `neighborhood` module.
+        x: its input tokens (B, N, C).
+        grid: the token grid (H, W).
+        scaled: as `attention_matrix`.
+
+    Returns:
+        (B, heads, N, N), exactly zero outside each query's neighbourhood; ``A @ v`` is the mixer's output before
+        `proj`.
+    """
+    q, k, _ = rearrange(mixer.qkv(x), "b n (three h d) -> three b h n d", three=3, h=mixer.num_heads)
+    scale = mixer.scale if scaled else 1.0
+    n = grid[0] * grid[1]
+    keys, bias_index = neighbourhood_index(grid, mixer.kernel_size, 2 * mixer.kernel_size - 1, x.device)  # (N, kk)
+    queries = torch.arange(n, device=x.device)[:, None].expand_as(keys)  # (N, kk)
+    logits = (q * scale) @ k.transpose(-2, -1)  # (B, heads, N, N)
+    if mixer.rpb is not None:
+        bias = torch.zeros(mixer.num_heads, n, n, dtype=logits.dtype, device=x.device)
+        bias[:, queries, keys] = mixer.rpb.flatten(1)[:, bias_index].to(logits.dtype)  # (heads, N, kk) scattered
+        logits = logits + bias
+    allowed = torch.zeros(n, n, dtype=torch.bool, device=x.device)
+    allowed[queries, keys] = True
+    return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)  # (B, heads, N, N)
+
+
 def linear_matrix(mixer: LinearAttention, x: Tensor) -> Tensor:
     """The N x N matrix that non-causal linear attention applies to its values, never formed by the mixer.
 
@@ -156,96 +233,11 @@ def linear_matrix(mixer: LinearAttention, x: Tensor) -> Tensor:
     return scores / (scores.sum(dim=-1, keepdim=True) + n * mixer.eps)
 
 
-class ScanDirection(NamedTuple):
-    """One direction of a Vim block, unrolled; every tensor in the original token order.
-
-    Attributes:
-        matrix: (B, D, L, L) ``alpha_d[i, j]``; lower triangular for the forward direction, upper for the backward.
-        u: (B, D, L) the scan's input (after the causal conv and silu).
-        skip: (D,) the D skip weights.
-        gate: (B, D, L) silu(z), applied after the skip.
-    """
-
-    matrix: Tensor
-    u: Tensor
-    skip: Tensor
-    gate: Tensor
-
-
-def unrolled_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, delta_bias: Tensor | None = None,
-                  delta_softplus: bool = True) -> Tensor:
-    """The selective scan as a matrix per channel: ``y_core[:, d] = alpha_d @ u[:, d]``, in float64.
-
-    Arguments as `mixers.selective_scan.selective_scan_reference`, whose output without ``D`` and ``z`` is
-    ``einsum("bdij,bdj->bdi", alpha, u)``.
-
-    Returns:
-        alpha (B, D, L, L), lower triangular.
-    """
-    delta = delta.double()
-    if delta_bias is not None:
-        delta = delta + delta_bias.double()[:, None]
-    if delta_softplus:
-        delta = F.softplus(delta)
-    A, B, C = A.double(), B.double(), C.double()
-    S = delta.cumsum(-1)  # (B, D, L)
-    length = u.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=u.device).tril()  # (L, L): j <= i
-    # S_i - S_j >= 0 where j <= i, so A (S_i - S_j) <= 0 and exp never overflows; j > i is zeroed below.
-    elapsed = (S[..., :, None] - S[..., None, :]).clamp(min=0)  # (B, D, L, L)
-    alpha = torch.zeros_like(elapsed)
-    for n in range(A.shape[1]):  # one state at a time: a (B, D, L, L, N) tensor would not fit at larger grids
-        drive = delta * B[:, None, n, :]  # (B, D, L): delta_j B_j[n]
-        alpha += C[:, None, n, :, None] * torch.exp(A[None, :, n, None, None] * elapsed) * drive[..., None, :]
-    return alpha * causal
-
-
-def _scan_inputs(mixer: VimMixer, x_in: Tensor, conv1d: nn.Conv1d, x_proj: nn.Linear,
-                 dt_proj: nn.Linear) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """u, delta (before bias and softplus), B, C of one direction, as `VimMixer._direction` forms them."""
-    length = x_in.shape[-1]
-    u = F.silu(conv1d(x_in)[..., :length])  # (B, d_inner, L)
-    x_dbl = x_proj(rearrange(u, "b d l -> b l d"))  # (B, L, dt_rank + 2 N)
-    dt, B, C = torch.split(x_dbl, [mixer.dt_rank, mixer.d_state, mixer.d_state], dim=-1)
-    delta = rearrange(F.linear(dt, dt_proj.weight), "b l d -> b d l")  # (B, d_inner, L)
-    return u, delta, rearrange(B, "b l n -> b n l"), rearrange(C, "b l n -> b n l")
-
-
-def mamba_matrices(mixer: VimMixer, x: Tensor) -> tuple[ScanDirection, ScanDirection]:
-    """Both directions of a Vim mixer unrolled into hidden-attention matrices.
-
-    The mixer's output is ``out_proj((f.gate * (f.matrix @ f.u + f.skip u_f) + b.gate * (...)) / 2)`` per
-    channel, with ``f, b`` the two directions returned here.
-
-    Args:
-        mixer: a `mamba` module.
-        x: its input tokens (B, N, C).
-
-    Returns:
-        (forward, backward) `ScanDirection`s, in float64.
-    """
-    xz = rearrange(mixer.in_proj(x), "b l d -> b d l")  # (B, 2 d_inner, L)
-    x_in, z = xz.chunk(2, dim=1)  # (B, d_inner, L) each
-    gate = F.silu(z.double())
-    directions = []
-    for flip, conv1d, x_proj, dt_proj, A_log, D in (
-        (False, mixer.conv1d, mixer.x_proj, mixer.dt_proj, mixer.A_log, mixer.D),
-        (True, mixer.conv1d_b, mixer.x_proj_b, mixer.dt_proj_b, mixer.A_b_log, mixer.D_b),
-    ):
-        seq = x_in.flip(-1) if flip else x_in
-        u, delta, B, C = _scan_inputs(mixer, seq, conv1d, x_proj, dt_proj)
-        alpha = unrolled_scan(u, delta, -torch.exp(A_log.double()), B, C, dt_proj.bias, delta_softplus=True)
-        if flip:  # back to the original token order: row i, column j of the flipped sequence's L-1-i, L-1-j
-            alpha, u = alpha.flip(-2, -1), u.flip(-1)
-        directions.append(ScanDirection(alpha, u.double(), D.double(), gate))
-    return directions[0], directions[1]
-
-
 def gradient_row(mixer: nn.Module, x: Tensor, grid: Grid, query: int) -> Tensor:
     """The gradient fallback: ``||d y_query / d x_j||_F`` for every input token j (one layer's receptive field).
 
-    Takes one backward pass per output channel of the query token (C of them), which is cheap for one layer at
-    the grids the playground draws.
+    All C output channels of the query go back in one batched backward (`is_grads_batched`); a mixer whose ops
+    cannot be batched that way falls back to one backward per channel.
 
     Args:
         mixer: any token mixer (`forward(x, grid)`).
@@ -256,13 +248,19 @@ def gradient_row(mixer: nn.Module, x: Tensor, grid: Grid, query: int) -> Tensor:
     Returns:
         (N,) non-negative Frobenius norms of the (C x C) Jacobian blocks.
     """
-    x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
+    with torch.inference_mode(False), torch.enable_grad():
+        x = x.detach().clone().requires_grad_(True)  # a clone: x may be an inference tensor, which autograd refuses
         out = mixer(x, grid)[0, query]  # (C,)
-        squares = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
-        for c in range(out.shape[0]):
-            (grad,) = torch.autograd.grad(out[c], x, retain_graph=c < out.shape[0] - 1)
-            squares += grad[0].double().pow(2).sum(-1)  # (N,)
+        channels = out.shape[0]
+        try:
+            eye = torch.eye(channels, dtype=out.dtype, device=out.device)  # (C, C): one output channel each
+            (grads,) = torch.autograd.grad(out, x, eye, retain_graph=True, is_grads_batched=True)  # (C, 1, N, C)
+            squares = grads[:, 0].double().pow(2).sum((0, 2))  # (N,)
+        except RuntimeError:  # an op without a batching rule
+            squares = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
+            for c in range(channels):
+                (grad,) = torch.autograd.grad(out[c], x, retain_graph=c < channels - 1)
+                squares += grad[0].double().pow(2).sum(-1)  # (N,)
     return squares.sqrt()
 
 
@@ -280,6 +278,61 @@ def conv_row(grid: Grid, query: int, kernel_size: int = 3) -> Tensor:
     return row.reshape(-1)
 
 
+def mixing_maps(mixer: nn.Module, x: Tensor, grid: Grid, *, scaled: bool = True) -> MixingMaps | None:
+    """Every query's mixing rows of a mixer with an exact map, for one input; None for the gradient fallback.
+
+    Args:
+        mixer: a token mixer module.
+        x: its input tokens (1, N, C), e.g. the block's norm1 output at one layer.
+        grid: the token grid (H, W).
+        scaled: keep the 1/sqrt(head_dim) scale of attention, swin and neighborhood; False removes it.
+
+    Returns:
+        `MixingMaps`, or None where only the gradient fallback (one query at a time) applies.
+    """
+    if x.dim() != 3 or x.shape[0] != 1:
+        raise ValueError(f"mixing_maps takes one image's tokens (1, N, C), got {tuple(x.shape)}")
+    family = family_of(mixer)
+    scale_note = "" if scaled else ", 1/sqrt(d) scale removed"
+    with torch.inference_mode():
+        if family == "attention":
+            matrix = attention_matrix(mixer, x, scaled=scaled)
+            note = f"softmax(q k^T / sqrt(d)) row per head{scale_note}"
+        elif family == "swin":
+            matrix = swin_matrix(mixer, x, grid, scaled=scaled)
+            shifted = f"shifted by {mixer.shift}" if mixer.shift else "not shifted"
+            note = f"softmax row inside the {mixer.window_size} x {mixer.window_size} window ({shifted}), zero " \
+                   f"outside{scale_note}"
+        elif family == "neighborhood":
+            matrix = neighborhood_matrix(mixer, x, grid, scaled=scaled)
+            kh, kw = clipped_kernel(grid, mixer.kernel_size)
+            note = f"softmax row over the {kh} x {kw} neighbourhood (shifted inwards at the border), zero " \
+                   f"outside{scale_note}"
+        elif family == "linear":
+            matrix = linear_matrix(mixer, x)
+            note = "phi(q_i).phi(k_j) / phi(q_i).sum_j phi(k_j), phi = elu + 1 (no scale to remove)"
+        elif family == "mamba":
+            rows = mamba_map_rows(mixer, x)
+            return MixingMaps(family, 1, ("both directions", "forward", "backward"),
+                              f"selective scan unrolled, |alpha| averaged over {mixer.d_inner} channels; without "
+                              "the causal conv before it and the D skip and silu(z) gate after it",
+                              lambda query: rows(query)[None])
+        elif family == "vmamba":
+            rows = vmamba_map_rows(mixer, x, grid)
+            return MixingMaps(family, 1, ("all four scans", *VMAMBA_SCANS),
+                              f"each scan unrolled, |alpha| averaged over {mixer.d_inner} channels (all four: "
+                              "their sum, as the cross-merge); without the 3 x 3 depthwise conv before and the D "
+                              "skip, norm and gate after", lambda query: rows(query)[None])
+        elif family == "gla":
+            return MixingMaps(family, mixer.num_heads, ("both directions", "forward", "backward"),
+                              "|scale q_t.(k_s * decay t<-s)| per head (both: the two directions summed, as the "
+                              "mixer does); before the per-head RMSNorm and the output gate", gla_map_rows(mixer, x))
+        else:
+            return None
+        matrix = matrix[0]  # (heads, N, N)
+        return MixingMaps(family, matrix.shape[0], ("",), note, lambda query: matrix[:, None, query])
+
+
 def mixing_rows(mixer: nn.Module, x: Tensor, grid: Grid, query: int, *, scaled: bool = True) -> MixingRows:
     """The mixing row of token `query` for any mixer, by its family (see the module docstring).
 
@@ -288,39 +341,15 @@ def mixing_rows(mixer: nn.Module, x: Tensor, grid: Grid, query: int, *, scaled: 
         x: its input tokens (1, N, C), e.g. the block's norm1 output at one layer.
         grid: the token grid (H, W).
         query: the query (output) token, row-major index into the grid.
-        scaled: keep attention's 1/sqrt(head_dim) scale; False removes it (attention and swin only).
+        scaled: as `mixing_maps`.
 
     Returns:
         `MixingRows`.
     """
-    if x.dim() != 3 or x.shape[0] != 1:
-        raise ValueError(f"mixing_rows takes one image's tokens (1, N, C), got {tuple(x.shape)}")
     if not 0 <= query < grid[0] * grid[1]:
         raise ValueError(f"query token {query} is outside the {grid[0]} x {grid[1]} grid")
-    family = family_of(mixer)
-    scale_note = "" if scaled else ", 1/sqrt(d) scale removed"
-    with torch.no_grad():
-        if family in ("attention", "swin", "linear"):
-            if family == "attention":
-                matrix = attention_matrix(mixer, x, scaled=scaled)
-                note = f"softmax(q k^T / sqrt(d)) row per head{scale_note}"
-            elif family == "swin":
-                matrix = swin_matrix(mixer, x, grid, scaled=scaled)
-                shifted = f"shifted by {mixer.shift}" if mixer.shift else "not shifted"
-                note = f"softmax row inside the {mixer.window_size} x {mixer.window_size} window ({shifted}), zero " \
-                       f"outside{scale_note}"
-            else:
-                matrix = linear_matrix(mixer, x)
-                note = "phi(q_i).phi(k_j) / phi(q_i).sum_j phi(k_j), phi = elu + 1 (no scale to remove)"
-            rows = matrix[0, :, query].double()  # (heads, N)
-            return MixingRows(family, rows, tuple(f"head {h}" for h in range(rows.shape[0])), note)
-        if family == "mamba":
-            forward, backward = mamba_matrices(mixer, x)
-            fwd = forward.matrix[0, :, query].abs().mean(0)  # (N,): mean over the scanned channels
-            bwd = backward.matrix[0, :, query].abs().mean(0)  # (N,)
-            rows = torch.stack([(fwd + bwd) / 2, fwd, bwd])  # (3, N)
-            note = (f"selective scan unrolled, |alpha| averaged over {forward.matrix.shape[1]} channels; without "
-                    "the causal conv before it and the D skip and silu(z) gate after it")
-            return MixingRows(family, rows, ("both directions", "forward", "backward"), note)
+    maps = mixing_maps(mixer, x, grid, scaled=scaled)
+    if maps is not None:
+        return maps.row(query)
     rows = gradient_row(mixer, x, grid, query)[None]  # (1, N)
     return MixingRows("gradient", rows, ("gradient",), "gradient fallback: ||d y_i / d x_j|| over channels, one layer")
