@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_tokens
 from .registry import register_mixer
-from .selective_scan import (
+from .ops.selective_scan import (
     NATIVE_REVERSE_IMPLS,
     SCAN_IMPLS,
     resolve_scan_impl,
@@ -49,7 +49,7 @@ class VimMixer(TokenMixer):
         dt_init_floor: floor of the initial step size.
         conv_bias: bias on the depthwise convs.
         bias: bias on in_proj and out_proj.
-        scan_impl: selective-scan implementation, see `mixers.selective_scan.selective_scan` (`auto` picks
+        scan_impl: selective-scan implementation, see `mixers.ops.selective_scan.selective_scan` (`auto` picks
             mamba-ssm's CUDA kernel where it runs, else the Triton kernels on CUDA, else the pure-PyTorch custom op).
     """
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from .base import Grid, TokenMixer, check_tokens
 from .mamba import _scan_param
 from .registry import register_mixer
-from .selective_scan import SCAN_IMPLS, selective_scan, selective_scan_flops
+from .ops.selective_scan import SCAN_IMPLS, selective_scan, selective_scan_flops
 
 DIRECTIONS = 4  # row-major, column-major, row-major reversed, column-major reversed
 
@@ -75,7 +75,7 @@ class SS2D(TokenMixer):
         dt_init_floor: floor of the initial step size.
         conv_bias: bias on the depthwise conv.
         bias: bias on in_proj and out_proj.
-        scan_impl: selective-scan implementation, see `mixers.selective_scan.selective_scan`.
+        scan_impl: selective-scan implementation, see `mixers.ops.selective_scan.selective_scan`.
     """
 
     def __init__(

@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from margins import clearly_non_zero, largest
 from mixers import create_mixer
 from mixers.mamba import VimMixer
-from mixers.selective_scan import selective_scan_reference
+from mixers.ops.selective_scan import selective_scan_reference
 
 DIM = 32
 

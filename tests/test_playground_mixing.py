@@ -13,7 +13,7 @@ from experiments.playground.mixing import (
     attention_matrix, conv_row, family_of, gradient_row, linear_matrix, mamba_matrices, mixing_rows, swin_matrix,
 )
 from mixers import TokenMixer, create_mixer, list_mixers
-from mixers.selective_scan import selective_scan_reference
+from mixers.ops.selective_scan import selective_scan_reference
 
 DIM, HEADS = 16, 2
 

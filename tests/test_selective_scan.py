@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from mixers.base import CUSTOM_OP_MACS
-from mixers.selective_scan import (
+from mixers.ops.selective_scan import (
     SCAN_IMPLS,
     resolve_scan_impl,
     selective_scan,
@@ -126,7 +126,7 @@ def test_reverse_scans_backwards_in_time(impl: str) -> None:
 
 def test_backward_chunking_is_exact() -> None:
     """The op's backward recomputes states chunk by chunk; chunk edges must not change the gradients."""
-    from mixers.selective_scan import _stream_backward
+    from mixers.ops.selective_scan.stream import _stream_backward
 
     inputs = make_inputs(length=23, dtype=torch.float64)
     dy = torch.randn_like(inputs["u"])
@@ -209,6 +209,6 @@ def test_impl_resolution_on_cpu() -> None:
         resolve_scan_impl("cuda_magic", cpu)
     meta = torch.device("meta")  # shapes only: routed to ops with fakes and the flop formula
     assert [resolve_scan_impl(i, meta) for i in SCAN_IMPLS] == [
-        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop", "triton_v1"]
+        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop"]
     _, name = selective_scan(**make_inputs(length=3))
     assert name == "torch_stream"

@@ -13,7 +13,7 @@ IQRs, speed-ups and the largest differences of outputs and gradients.
 (pip prepares the sdist's metadata, which imports torch: hence no build isolation, in an environment with torch)
 and pass `--mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1`. Without it only our scans are timed.
 
-With `--device cuda` it instead times the GPU implementations (`triton`, `triton_v1`, `torch_stream`, and
+With `--device cuda` it instead times the GPU implementations (`triton`, `torch_stream`, and
 `mamba_ssm_cuda` where mamba-ssm imports) forward, forward+backward, and Vision Mamba's bidirectional pair
 (`bidir fwd+bwd`: a forward and a reverse scan) over L = 1K..64K at a Vim-tiny-like B=1, D=384 (expand 2 x
 dim 192), N=16, in bf16 or fp32 (`--dtype`), and prints one table; see `bench_cuda`.
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mixers.selective_scan import resolve_scan_impl, selective_scan, selective_scan_loop, selective_scan_reference
+from mixers.ops.selective_scan import resolve_scan_impl, selective_scan, selective_scan_loop, selective_scan_reference
 
 from .record import provenance_columns, provenance_line, write_rows
 from .cli import Parser, int_at_least, positive_float
@@ -142,7 +142,7 @@ def bench_cuda(
     Returns:
         rows (L, implementation, pass, median ms, IQR ms).
     """
-    impls = ["triton", "triton_v1", "torch_stream"]
+    impls = ["triton", "torch_stream"]
     if resolve_scan_impl("auto", torch.device("cuda"), dtype) == "mamba_ssm_cuda":
         impls.insert(0, "mamba_ssm_cuda")
     print(f"selective scan on {torch.cuda.get_device_name()}, B={batch} D={channels} N={d_state}, {dtype} inputs, "

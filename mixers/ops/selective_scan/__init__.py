@@ -1,0 +1,199 @@
+"""The selective scan of Mamba (S6): one dispatch over its implementations, the reference beside the fast paths.
+
+    h_t = exp(delta_t * A) * h_{t-1} + delta_t * B_t * u_t        (per channel d, per state n)
+    y_t = (sum_n C_t[n] * h_t[n] + D * u_t) * silu(z_t)
+
+Shapes follow mamba-ssm's `selective_scan_fn`: `u, delta, z: (B, D, L)`, `A: (D, N)` real, `B, C: (B, N, L)`,
+`D, delta_bias: (D,)`. Inputs in fp16/bf16 are accumulated in float32 and the result is cast back to `u.dtype`.
+
+The implementations, each with `reverse` (scan from the last step to the first, y in the original order: the
+backward direction of Vision Mamba):
+- `naive.py`: `selective_scan_reference`, a float64 loop written for clarity (the tests' independent reference),
+  and `selective_scan_loop` (`torch_loop`), a loop over `unbind` slices that autograd differentiates; it keeps
+  every state, so memory is O(B D L N).
+- `stream.py`: the custom op `mixerbench::selective_scan` (`torch_stream`), chunk by chunk of time steps from
+  Python, with a hand-written backward that recomputes states per chunk.
+- mamba-ssm's `selective_scan_fn` (`mamba_ssm_cuda`), when it imports and the tensors are on CUDA.
+- `triton_scan.py`: Triton kernels on mamba-ssm's CUDA design (`triton`, the custom op
+  `mixerbench::selective_scan_triton`): coalesced tiles along L, a parallel scan per state within a chunk, the
+  state carried across chunks in registers, a reverse scan in the backward; `reverse` is native. It runs on CUDA
+  tensors where triton imports, and on CPU tensors only under Triton's interpreter (`TRITON_INTERPRET=1`), which
+  the tests use.
+Every implementation without a native reverse gets it by flipping its (B, *, L) inputs and its output along L.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from ...base import CUSTOM_OP_MACS
+from . import triton_scan
+from .naive import selective_scan_loop, selective_scan_reference
+from .stream import selective_scan_stream
+
+__all__ = [
+    "NATIVE_REVERSE_IMPLS",
+    "SCAN_IMPLS",
+    "ScanImpl",
+    "resolve_scan_impl",
+    "selective_scan",
+    "selective_scan_flops",
+    "selective_scan_loop",
+    "selective_scan_reference",
+    "selective_scan_stream",
+]
+
+ScanImpl = Literal["auto", "mamba_ssm_cuda", "triton", "torch_stream", "torch_loop"]
+SCAN_IMPLS: tuple[str, ...] = ("auto", "mamba_ssm_cuda", "triton", "torch_stream", "torch_loop")
+# Implementations whose kernels read the sequence backwards themselves; the others are flipped around.
+NATIVE_REVERSE_IMPLS: frozenset[str] = frozenset({"triton"})
+
+
+def selective_scan_flops(batch: int, d_inner: int, length: int, d_state: int) -> int:
+    """FLOPs of one selective scan: 9 x B x L x D x N, the Mamba authors' figure.
+
+    This one function defines the count for the analytic MACs, the `FlopCounterMode` formula and fvcore
+    handles. Element-wise work (the D skip, the z gate, softplus) is not counted, by the project's convention.
+    MACs are half of it.
+
+    Args:
+        batch: sequences B.
+        d_inner: scanned channels D (expand x dim in Mamba).
+        length: time steps L.
+        d_state: state size N per channel.
+    """
+    return 9 * batch * length * d_inner * d_state
+
+
+
+
+@register_flop_formula([torch.ops.mixerbench.selective_scan, torch.ops.mixerbench.selective_scan_triton])
+def _selective_scan_flop_formula(
+    u_shape: list[int], delta_shape: list[int], A_shape: list[int], *args, **kwargs
+) -> int:
+    batch, d_inner, length = u_shape
+    return selective_scan_flops(batch, d_inner, length, A_shape[1])
+
+
+def _selective_scan_macs_from_shapes(shapes: list[tuple[int, ...] | None]) -> int:
+    """MACs of a selective-scan op (`mixerbench::selective_scan` and the others taking the same inputs) from the
+    shapes of its inputs (u first, A third), for fvcore."""
+    u_shape, A_shape = shapes[0], shapes[2]
+    if u_shape is None or A_shape is None:
+        raise ValueError("selective scan op: the counter gave no shapes for u and A")
+    batch, d_inner, length = u_shape
+    return selective_scan_flops(batch, d_inner, length, A_shape[1]) // 2
+
+
+CUSTOM_OP_MACS["mixerbench::selective_scan"] = _selective_scan_macs_from_shapes
+CUSTOM_OP_MACS["mixerbench::selective_scan_triton"] = _selective_scan_macs_from_shapes
+# mamba-ssm's kernel is an autograd Function taking the same (u, delta, A, ...) inputs; a jit trace names it
+# prim::PythonOp.SelectiveScanFn, so fvcore counts it by the same formula on CUDA (not checked on a GPU yet).
+CUSTOM_OP_MACS["prim::PythonOp.SelectiveScanFn"] = _selective_scan_macs_from_shapes
+
+
+@functools.cache
+@functools.lru_cache(maxsize=1)
+def _mamba_ssm_selective_scan_fn() -> Callable[..., Tensor] | None:
+    """mamba-ssm's CUDA `selective_scan_fn`, or None where mamba-ssm (a CUDA build) does not import.
+
+    Cached: a failed import is retried (and the file system searched) on every call otherwise."""
+    try:
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+    except ImportError:
+        return None
+    return selective_scan_fn
+
+
+def resolve_scan_impl(impl: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """The implementation `selective_scan` runs for `impl` on tensors of `device` and `dtype`.
+
+    `auto` picks, for fp32/fp16/bf16 CUDA tensors, `mamba_ssm_cuda` when mamba-ssm imports, else `triton` when
+    triton imports; everything else (CPU, float64) gets `torch_stream`.
+    Raises if `mamba_ssm_cuda` or `triton` is asked for where it cannot run (the Triton kernels run on CPU
+    tensors only under `TRITON_INTERPRET=1`). On the meta device (shapes only, for counting) `triton`,
+    `torch_stream` and `torch_loop` stand, and `auto` and `mamba_ssm_cuda` give `torch_stream`: its
+    op has a fake and the same flop formula as mamba-ssm's kernel.
+    """
+    if impl not in SCAN_IMPLS:
+        raise ValueError(f"unknown scan impl {impl!r}; choose one of {', '.join(SCAN_IMPLS)}")
+    if device.type == "meta":
+        # Shape only (counting builds the model on meta): nothing runs, so nothing needs CUDA or triton. The Triton
+        # impl keeps its op (they have fakes and the flop formula); mamba-ssm's kernel has no meta
+        # implementation, so `mamba_ssm_cuda` (and `auto`) count through `torch_stream`'s op, same formula.
+        return impl if impl in ("triton", "torch_stream", "torch_loop") else "torch_stream"
+    kernel_runs = (
+        device.type == "cuda"
+        and dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and _mamba_ssm_selective_scan_fn() is not None
+    )
+    triton_problem = triton_scan.triton_unavailable_reason(device, dtype)
+    if impl == "auto":
+        if kernel_runs:
+            return "mamba_ssm_cuda"
+        return "triton" if device.type == "cuda" and triton_problem is None else "torch_stream"
+    if impl == "triton" and triton_problem is not None:
+        raise RuntimeError(f"scan impl {impl!r} cannot run on {dtype} tensors on {device}: {triton_problem}")
+    if impl == "mamba_ssm_cuda" and not kernel_runs:
+        raise RuntimeError(
+            f"scan impl 'mamba_ssm_cuda' needs fp32/fp16/bf16 CUDA tensors (got {dtype} on {device}) and an "
+            f"importable mamba-ssm ({'found' if _mamba_ssm_selective_scan_fn() else 'not importable here'}); "
+            "install the 'mamba' extra on a CUDA machine or use impl='auto'"
+        )
+    return impl
+
+
+def _flip_time(t: Tensor | None) -> Tensor | None:
+    """t reversed along its last (time) axis, or None."""
+    return None if t is None else t.flip(-1)
+
+
+def selective_scan(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
+    z: Tensor | None = None,
+    delta_bias: Tensor | None = None,
+    delta_softplus: bool = False,
+    *,
+    impl: str = "auto",
+    reverse: bool = False,
+) -> tuple[Tensor, str]:
+    """The selective scan through the chosen implementation; differentiable in every case.
+
+    Args:
+        u, delta, A, B, C, D, z, delta_bias, delta_softplus: as `selective_scan_reference`.
+        impl: `auto` (on CUDA mamba-ssm's kernel when it imports, else `triton`; `torch_stream` otherwise),
+            `mamba_ssm_cuda`, `triton` (the Triton kernels, op `mixerbench::selective_scan_triton`),
+            `torch_stream` (the custom op `mixerbench::selective_scan`) or `torch_loop` (autograd through the loop).
+        reverse: scan from the last step to the first, y in the original order: equal to flipping u, delta, B,
+            C, z along L, scanning, and flipping y back, which is what implementations without a native reverse
+            (all but `triton`, see `NATIVE_REVERSE_IMPLS`) do.
+
+    Returns:
+        y (B, D, L) in `u.dtype`, and the name of the implementation that ran.
+    """
+    name = resolve_scan_impl(impl, u.device, u.dtype)
+    if name == "triton":
+        y, _ = torch.ops.mixerbench.selective_scan_triton(
+            u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse
+        )
+        return y, name
+    if reverse:
+        u, delta, B, C, z = (_flip_time(t) for t in (u, delta, B, C, z))
+    if name == "mamba_ssm_cuda":
+        scan_fn = _mamba_ssm_selective_scan_fn()
+        y = scan_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    elif name == "torch_loop":
+        y = selective_scan_loop(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    else:
+        y = torch.ops.mixerbench.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    return (y.flip(-1) if reverse else y), name
