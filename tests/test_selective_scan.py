@@ -8,6 +8,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from mixers.base import CUSTOM_OP_MACS
+from mixers.ops.selective_scan import cpp_scan
+from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason
 from mixers.ops.selective_scan import (
     SCAN_IMPLS,
     resolve_scan_impl,
@@ -20,7 +22,9 @@ from mixers.ops.selective_scan import (
 
 LENGTHS = [1, 7, 64, 100, 257]
 OPTIONS = list(itertools.product([False, True], repeat=4))  # (D, z, delta_bias, delta_softplus)
-FAST_IMPLS = ["torch_stream", "torch_loop"]
+CPP_PROBLEM = cpp_unavailable_reason(torch.device("cpu"), torch.float32)
+needs_cpp = pytest.mark.skipif(CPP_PROBLEM is not None, reason=f"cpp_loop: {CPP_PROBLEM}")
+FAST_IMPLS = [pytest.param("cpp_loop", marks=needs_cpp), "torch_stream", "torch_loop"]
 
 
 def make_inputs(
@@ -107,7 +111,7 @@ def test_gradients_match_reference(impl: str, length: int, with_D: bool, with_z:
 
 @pytest.mark.parametrize("impl", FAST_IMPLS)
 def test_reverse_scans_backwards_in_time(impl: str) -> None:
-    """`reverse=True` (flipped around the pure-PyTorch impls) equals the reference's loop run from the last step
+    """`reverse=True` (native in `cpp_loop`, flipped around the pure-PyTorch impls) equals the reference's loop run from the last step
     to the first, forward and every gradient; and that loop equals flip, scan, flip back (Vim's formulation)."""
     inputs = make_inputs(length=19, dtype=torch.float64)
     names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
@@ -192,8 +196,9 @@ def test_flop_counter_counts_one_op_not_the_loop() -> None:
     inputs = make_inputs(length=9)
     u = inputs["u"].requires_grad_()
     with FlopCounterMode(display=False) as counter:
-        y, _ = selective_scan(**inputs)
-    expected = {torch.ops.mixerbench.selective_scan: selective_scan_flops(2, 6, 9, 5)}
+        y, name = selective_scan(**inputs)
+    op = torch.ops.mixerbench.selective_scan_cpp if name == "cpp_loop" else torch.ops.mixerbench.selective_scan
+    expected = {op: selective_scan_flops(2, 6, 9, 5)}
     assert counter.get_flop_counts()["Global"] == expected
     y.sum().backward()
     assert u.grad is not None
@@ -201,7 +206,7 @@ def test_flop_counter_counts_one_op_not_the_loop() -> None:
 
 def test_impl_resolution_on_cpu() -> None:
     cpu = torch.device("cpu")
-    assert resolve_scan_impl("auto", cpu) == "torch_stream"
+    assert resolve_scan_impl("auto", cpu) == ("torch_stream" if CPP_PROBLEM else "cpp_loop")
     assert resolve_scan_impl("torch_loop", cpu) == "torch_loop"
     with pytest.raises(RuntimeError, match="mamba_ssm_cuda"):
         resolve_scan_impl("mamba_ssm_cuda", cpu)
@@ -209,6 +214,91 @@ def test_impl_resolution_on_cpu() -> None:
         resolve_scan_impl("cuda_magic", cpu)
     meta = torch.device("meta")  # shapes only: routed to ops with fakes and the flop formula
     assert [resolve_scan_impl(i, meta) for i in SCAN_IMPLS] == [
-        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop"]
+        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_stream", "torch_loop"]
+    _, name = selective_scan(**make_inputs(length=3))
+    assert name == resolve_scan_impl("auto", cpu)
+
+
+# The compiled CPU loop (`cpp_loop`): channel blocks of 16 and backward chunks of 64 steps, so the shapes below
+# cross both edges (19 and 40 channels, lengths around 64 and 128), at the state sizes the mixers use (vmamba 1,
+# mamba 16) and odd ones, with one and two threads (the backward's per-thread partial sums).
+CPP_SHAPES = [(2, 19, 1, 1), (1, 40, 63, 1), (2, 19, 65, 16), (1, 17, 130, 5), (3, 3, 7, 17)]
+
+
+@needs_cpp
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("batch,channels,length,d_state", CPP_SHAPES)
+def test_cpp_loop_float64_forward_and_gradients(batch: int, channels: int, length: int, d_state: int, reverse: bool,
+                                                threads: int) -> None:
+    """float64 runs the same loop in double with std::exp: equal to the reference to round-off (1e-10)."""
+    inputs = make_inputs(batch, channels, length, d_state, dtype=torch.float64)
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    leaves = {k: inputs[k].clone().requires_grad_() for k in names}
+    dy = torch.randn_like(inputs["u"])
+    y_ref = selective_scan_reference(**{**inputs, **leaves}, reverse=reverse)
+    grads_ref = torch.autograd.grad(y_ref, list(leaves.values()), dy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y, name = selective_scan(**{**inputs, **leaves}, impl="cpp_loop", reverse=reverse)
+        grads = torch.autograd.grad(y, list(leaves.values()), dy)
+    finally:
+        torch.set_num_threads(before)
+    assert name == "cpp_loop"
+    for key, g, g_ref in zip(["y", *names], (y, *grads), (y_ref, *grads_ref)):
+        torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10, msg=f"{key} differs")
+
+
+@needs_cpp
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("d_state", [1, 16])
+def test_cpp_loop_float32_gradients_near_float64(d_state: int, reverse: bool) -> None:
+    """In float32 the decay comes from a polynomial exp (~1 ulp): every gradient within 1e-4 of the float64
+    reference's largest entry (float32 accumulation over 300 steps alone gives ~1e-5)."""
+    inputs = make_inputs(2, 20, 300, d_state)
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    leaves = {k: inputs[k].clone().requires_grad_() for k in names}
+    exact = {k: inputs[k].double().requires_grad_() for k in names}
+    dy = torch.randn_like(inputs["u"])
+    y, _ = selective_scan(**{**inputs, **leaves}, impl="cpp_loop", reverse=reverse)
+    grads = torch.autograd.grad(y, list(leaves.values()), dy)
+    y_ref = selective_scan_reference(**{**inputs, **exact}, reverse=reverse)
+    grads_ref = torch.autograd.grad(y_ref, list(exact.values()), dy.double())
+    assert rel_err(y, y_ref) <= 1e-5
+    for name, g, g_ref in zip(names, grads, grads_ref):
+        assert g.dtype == torch.float32
+        assert rel_err(g, g_ref) <= 1e-4, name
+
+
+@needs_cpp
+def test_cpp_loop_decays_underflow_to_zero() -> None:
+    """Steps so long that exp(delta A) is below float32's range (exponents to -1e4) give finite outputs equal to the
+    reference (whose float64 decays are 0 or denormal there too): the polynomial exp flushes, never overflows."""
+    inputs = make_inputs(1, 4, 9, 3, softplus=False, with_bias=False)
+    inputs["delta"] = inputs["delta"] * 4000
+    y, _ = selective_scan(**inputs, impl="cpp_loop")
+    assert torch.isfinite(y).all()
+    assert rel_err(y, selective_scan_reference(**inputs)) <= 1e-5
+
+
+@needs_cpp
+def test_cpp_loop_opcheck() -> None:
+    inputs = make_inputs(length=7, d_state=3)
+    args = tuple(inputs.values())
+    grad_args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
+    for sample in (args, grad_args, (*args[:5], None, None, None, False)):
+        for reverse in (False, True):
+            torch.library.opcheck(torch.ops.mixerbench.selective_scan_cpp.default, (*sample, reverse))
+
+
+def test_auto_falls_back_to_torch_stream_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the C++ scan cannot be built, `auto` runs `torch_stream` and says so; `cpp_loop` asked for by name
+    raises with the reason."""
+    monkeypatch.setattr(cpp_scan, "_library", lambda: "the C++ scan could not be built (no compiler)")
+    cpu = torch.device("cpu")
+    assert resolve_scan_impl("auto", cpu) == "torch_stream"
     _, name = selective_scan(**make_inputs(length=3))
     assert name == "torch_stream"
+    with pytest.raises(RuntimeError, match="no compiler"):
+        resolve_scan_impl("cpp_loop", cpu)
