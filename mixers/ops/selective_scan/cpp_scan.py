@@ -38,6 +38,16 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _CTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 
+def _vector_isa() -> tuple[str, list[str]]:
+    """The vector instructions to build for: AVX2 with FMA where torch's own dispatch found AVX2 or AVX-512 on this
+    CPU (8 floats a vector), else the compiler's baseline (SSE2 on x86-64, 4 floats; NEON on arm64). The name goes
+    into the cached library's name, so a home folder shared by different CPUs never loads a build it cannot run."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability in ("AVX2", "AVX512"):
+        return "avx2", ["-mavx2", "-mfma"]
+    return "baseline", []
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The built library, or the reason it cannot be had (cached: a failed build is not retried per call)."""
@@ -50,10 +60,11 @@ def _library() -> ctypes.CDLL | str:
     try:
         from torch.utils import cpp_extension
 
+        isa, isa_flags = _vector_isa()
         path = cpp_extension.load(
-            name=f"mixerbench_cpp_scan_v{ABI_VERSION}",
+            name=f"mixerbench_cpp_scan_v{ABI_VERSION}_{isa}",
             sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-std=c++17", "-fopenmp-simd", "-fno-trapping-math"],
+            extra_cflags=["-O3", "-std=c++17", "-fopenmp-simd", "-fno-trapping-math", *isa_flags],
             is_python_module=False,
             verbose=False,
         )
