@@ -58,6 +58,11 @@ class SS2D(TokenMixer):
     out_proj. Parameter names follow VMamba's SS2D (`x_proj_weight`, `dt_projs_weight`, `dt_projs_bias`, `A_logs`,
     `Ds`, stacked over the four directions).
 
+    Where it departs from the released models: the forward is VMamba's v0 form (in_proj to 2 x d_inner, the z gate
+    silu(z) after out_norm), while the released v2 checkpoints use the no-z form (in_proj to d_inner only, no gate
+    branch); so the parameter count and the gating differ from a v2 model of the same width, and v2 weights do not
+    load here. The shape below (d_state, d_conv, ratio) is v2's.
+
     Defaults follow VMamba-T v2 (`ssm_ratio=1`, `d_state=1`, `d_conv=3`, no conv bias): VMamba found d_state 1 as
     accurate and faster. With them the parameters are within 2% of attention's at the micro preset and 9% below at
     tiny; `expand=2, d_state=16` gives VMamba v1's shape (about 3.3x attention's parameters at micro).
@@ -134,7 +139,8 @@ class SS2D(TokenMixer):
         d, n, r = self.d_inner, self.d_state, self.dt_rank
         x_dbl = F.linear(rearrange(u, "b d l -> b l d"), self.x_proj_weight[k])  # (B, L, r + 2N)
         dt, B, C = torch.split(x_dbl, [r, n, n], dim=-1)
-        delta = rearrange(F.linear(dt, self.dt_projs_weight[k]), "b l d -> b d l")  # (B, d_inner, L)
+        # Contiguous along L, as the kernels read rows along L (the Triton scan's coalesced tiles assume it).
+        delta = rearrange(F.linear(dt, self.dt_projs_weight[k]), "b l d -> b d l").contiguous()  # (B, d_inner, L)
         y, self.impl = selective_scan(
             u,
             delta,

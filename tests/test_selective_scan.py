@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -302,3 +303,50 @@ def test_auto_falls_back_to_torch_stream_without_a_compiler(monkeypatch: pytest.
     assert name == "torch_stream"
     with pytest.raises(RuntimeError, match="no compiler"):
         resolve_scan_impl("cpp_loop", cpu)
+
+
+@pytest.mark.parametrize("mixer_name", ["mamba", "vmamba"])
+def test_ssm_mixers_hand_the_scan_contiguous_rows(mixer_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both SSM mixers give the scan delta, B and C contiguous along L (issue 34 item 7): the kernels read rows
+    along L, and the Triton scan's coalesced tiles assume it."""
+    import importlib
+
+    from mixers import create_mixer
+
+    module = importlib.import_module(f"mixers.{mixer_name}")
+    seen = []
+
+    def recording_scan(u, delta, A, B, C, *args, **kwargs):
+        seen.append({name: t.is_contiguous() for name, t in (("u", u), ("delta", delta), ("B", B), ("C", C))})
+        return selective_scan(u, delta, A, B, C, *args, **kwargs)
+
+    monkeypatch.setattr(module, "selective_scan", recording_scan)
+    mixer = create_mixer(mixer_name, 16, 2)
+    mixer(torch.randn(2, 3 * 5, 16), (3, 5))
+    assert seen and all(all(flags.values()) for flags in seen), seen
+
+
+def test_mamba_ssm_failing_with_other_than_import_error_falls_back(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mamba-ssm whose import raises AttributeError (API drift) is treated as not importable: `auto` passes it
+    over with a RuntimeWarning that gives the reason, and asking for `mamba_ssm_cuda` raises one clear error."""
+    import mixers.ops.selective_scan as scan_module
+
+    package = tmp_path / "mamba_ssm"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise AttributeError(\"module 'torch' has no attribute 'gone'\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "mamba_ssm" or m.startswith("mamba_ssm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    scan_module._mamba_ssm_import.cache_clear()
+    scan_module._warn_mamba_ssm_broken.cache_clear()
+    try:
+        assert "AttributeError" in scan_module.mamba_ssm_unavailable_reason()
+        with pytest.warns(RuntimeWarning, match="AttributeError"):
+            ran = resolve_scan_impl("auto", torch.device("cuda"))
+        assert ran != "mamba_ssm_cuda"
+        with pytest.raises(RuntimeError, match="AttributeError"):
+            resolve_scan_impl("mamba_ssm_cuda", torch.device("cuda"))
+        assert resolve_scan_impl("auto", torch.device("cpu")) in ("cpp_loop", "torch_stream")
+    finally:
+        scan_module._mamba_ssm_import.cache_clear()
+        scan_module._warn_mamba_ssm_broken.cache_clear()

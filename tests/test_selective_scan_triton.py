@@ -50,6 +50,9 @@ KERNEL_CASES = {
     # L split into 3 groups of 2 chunks (the last group of 1): the carry pass joins them, forward and backward.
     "split_forward": (2, 3, 19, 3, 4, 2, 3, False, "float32", (True,) * 4),
     "split_reverse": (2, 3, 19, 3, 4, 2, 3, True, "float32", (True,) * 4),
+    # vmamba's default d_state = 1: a state block one wide (issue 34 item 7).
+    "d_state_1_forward": (2, 3, 19, 1, 4, 2, 3, False, "float32", (True,) * 4),
+    "d_state_1_reverse": (1, 5, 11, 1, 4, 2, 1, True, "float32", (True,) * 4),
 }
 # Low precision in, float32 inside: against the reference on the same rounded values, at mamba-ssm's bf16
 # tolerances element-wise (fp16 rounds finer than bf16, so the same bound holds).
@@ -63,6 +66,7 @@ OP_CASES = {
     "triton_float32_forward": ("triton", torch.float32, False, (1, 10, 37, 5)),
     "triton_float32_reverse": ("triton", torch.float32, True, (1, 10, 37, 5)),
     "triton_bfloat16_reverse": ("triton", torch.bfloat16, True, (1, 9, 70, 4)),
+    "triton_float32_d_state_1": ("triton", torch.float32, True, (1, 10, 37, 1)),
 }
 
 
@@ -177,6 +181,24 @@ def _mixer_results() -> dict:
     return out
 
 
+def _vmamba_results() -> dict:
+    """vmamba at its default d_state = 1 with scan_impl='triton' against 'torch_stream' (same weights): output and
+    the input's and A's gradients, on a grid whose four scans have 15 steps."""
+    from mixers import create_mixer
+
+    pair = {impl: create_mixer("vmamba", 16, 2, scan_impl=impl) for impl in ("triton", "torch_stream")}
+    pair["triton"].load_state_dict(pair["torch_stream"].state_dict())
+    tokens = torch.randn(2, 3 * 5, 16, generator=torch.Generator().manual_seed(4))
+    outputs = {}
+    for impl, m in pair.items():
+        x_leaf = tokens.clone().requires_grad_()
+        y = m(x_leaf, (3, 5))
+        outputs[impl] = (y, *torch.autograd.grad(y.square().sum(), [x_leaf, m.A_logs, m.dt_projs_bias]))
+    return {"impl": pair["triton"].impl, "d_state": pair["triton"].d_state,
+            "errors": {k: rel_norm_err(a, b) for k, a, b in zip(("y", "dx", "dA_logs", "ddt_bias"),
+                                                                  *outputs.values())}}
+
+
 def interpreter_results() -> dict:
     """Runs every case under the interpreter (TRITON_INTERPRET=1 must be set already) and returns the errors."""
     from mixers.ops.selective_scan import triton_scan
@@ -188,6 +210,7 @@ def interpreter_results() -> dict:
     triton_scan.DEFAULT_CHUNK = OP_CHUNK  # the fake reads the same constant, so they stay in step
     out["op"] = {name: _op_case(*case) for name, case in OP_CASES.items()}
     out.update(_mixer_results())
+    out["vmamba"] = _vmamba_results()
 
     inputs = make_inputs(1, 3, 5, 3)
     args = tuple(inputs.values())
@@ -267,6 +290,14 @@ def test_vim_mixer_runs_the_triton_scan(interpreted: dict) -> None:
     assert interpreted["impl"] == "triton"
     errors = interpreted["mixer"]
     assert max(errors.values()) <= FP32_RTOL, errors
+
+
+def test_vmamba_default_d_state_1_runs_the_triton_scan(interpreted: dict) -> None:
+    """vmamba's default d_state = 1 through the Triton scan (a one-wide state block) matches torch_stream within
+    1e-4, output and gradients (issue 34 item 7)."""
+    result = interpreted["vmamba"]
+    assert result["impl"] == "triton" and result["d_state"] == 1
+    assert max(result["errors"].values()) <= FP32_RTOL, result["errors"]
 
 
 def test_opcheck(interpreted: dict) -> None:
