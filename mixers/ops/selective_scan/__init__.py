@@ -206,7 +206,8 @@ def selective_scan(
     """The selective scan through the chosen implementation; differentiable in every case.
 
     Args:
-        u, delta, A, B, C, D, z, delta_bias, delta_softplus: as `selective_scan_reference`.
+        u, delta, A, B, C, D, z, delta_bias, delta_softplus: as `selective_scan_reference`; B and C may carry G
+            channel groups, (B, G, N, L): `cpp_loop` takes them in one pass, the others run once per group.
         impl: `auto` (on CUDA mamba-ssm's kernel when it imports, else `triton`; on the CPU `cpp_loop` where
             it builds, else `torch_stream`), `mamba_ssm_cuda`, `triton` (the Triton kernels, op
             `mixerbench::selective_scan_triton`), `cpp_loop` (the compiled CPU loop, op
@@ -220,14 +221,42 @@ def selective_scan(
         y (B, D, L) in `u.dtype`, and the name of the implementation that ran.
     """
     name = resolve_scan_impl(impl, u.device, u.dtype)
+    if B.dim() == 4:
+        groups = B.shape[1]
+        if C.shape != B.shape or u.shape[1] % groups:
+            raise ValueError(f"selective scan: grouped B {tuple(B.shape)} and C {tuple(C.shape)} must match, and "
+                             f"their G = {groups} groups must divide the {u.shape[1]} channels")
+        if name != "cpp_loop" and groups > 1:
+            return _scan_by_group(name, u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse), name
+        if name != "cpp_loop":
+            B, C = B[:, 0], C[:, 0]  # (B, N, L): one group
+    return _scan(name, u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse), name
+
+
+def _scan_by_group(name: str, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+                   z: Tensor | None, delta_bias: Tensor | None, delta_softplus: bool, reverse: bool) -> Tensor:
+    """Grouped B, C (B, G, N, L) through an implementation that takes one group: one call per group's channels."""
+    groups = B.shape[1]
+    width = u.shape[1] // groups
+
+    def part(t: Tensor | None, g: int, dim: int) -> Tensor | None:
+        return None if t is None else t.narrow(dim, g * width, width)
+
+    ys = [_scan(name, part(u, g, 1), part(delta, g, 1), part(A, g, 0), B[:, g], C[:, g], part(D, g, 0),
+                part(z, g, 1), part(delta_bias, g, 0), delta_softplus, reverse) for g in range(groups)]
+    return torch.cat(ys, dim=1)  # (B, D, L)
+
+
+def _scan(name: str, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
+          delta_bias: Tensor | None, delta_softplus: bool, reverse: bool) -> Tensor:
+    """y of the implementation `name` (already resolved) with B, C as that implementation takes them."""
     if name == "triton":
         y, _ = torch.ops.mixerbench.selective_scan_triton(
             u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse
         )
-        return y, name
+        return y
     if name == "cpp_loop":
-        return torch.ops.mixerbench.selective_scan_cpp(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                                                       reverse), name
+        return torch.ops.mixerbench.selective_scan_cpp(u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse)
     if reverse:
         u, delta, B, C, z = (_flip_time(t) for t in (u, delta, B, C, z))
     if name == "mamba_ssm_cuda":
@@ -237,4 +266,4 @@ def selective_scan(
         y = selective_scan_loop(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     else:
         y = torch.ops.mixerbench.selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-    return (y.flip(-1) if reverse else y), name
+    return y.flip(-1) if reverse else y

@@ -6,7 +6,8 @@
 //
 // Layouts (row-major, contiguous): u, delta, y, dy, du, ddelta (Bt, D, L) as the model has them (no transposes:
 // a block reads its 16 channels at step t from 16 cache lines that the next steps reuse); A (D, N); Bm, Cm
-// (Bt, L, N), B and C transposed by the caller so a step reads N adjacent values. delta is the effective step (bias and softplus applied by the caller); y is sum_n C_t[n] h_t[n] only
+// (Bt, G, L, N), B and C transposed by the caller so a step reads N adjacent values (G = 1 for one B, C per
+// sequence). delta is the effective step (bias and softplus applied by the caller); y is sum_n C_t[n] h_t[n] only
 // (the caller adds D u and the z gate).
 //
 // Work is split over (sequence b, block of 16 channels); every inner loop runs over the block's channels, so it
@@ -54,9 +55,13 @@ constexpr int64_t kBlock = 16;
 // Time steps whose states the backward recomputes and holds at once (a (kChunk, N, kBlock) buffer).
 constexpr int64_t kChunk = 64;
 
+// groups: B and C are (Bt, G, L, N) and channel d reads group d / (D / G) (mamba-ssm's "variable B" groups; vmamba
+// stacks its four directions so). Blocks never straddle a group.
 struct Shape {
-  int64_t batch, channels, length, d_state;
-  int64_t blocks() const { return (channels + kBlock - 1) / kBlock; }
+  int64_t batch, channels, length, d_state, groups;
+  int64_t group_channels() const { return channels / groups; }
+  int64_t blocks_per_group() const { return (group_channels() + kBlock - 1) / kBlock; }
+  int64_t blocks() const { return groups * blocks_per_group(); }
 };
 
 // Calls fn(item, thread) for items 0..count-1 on `threads` threads, items interleaved.
@@ -95,15 +100,18 @@ inline void update_lanes(const T* __restrict dt, const T* __restrict An, const T
 template <class T>
 struct Block {
   const Shape& s;
-  int64_t b, d0, nd;
+  int64_t b, g, d0, nd;
   T A[kBlock * 64];  // A transposed to (N, kBlock); N <= 64 here, larger N takes the heap copy below
   std::vector<T> A_heap;
   T* At;
 
   Block(const Shape& shape, int64_t item, const T* A_in) : s(shape) {
     b = item / s.blocks();
-    d0 = (item % s.blocks()) * kBlock;
-    nd = d0 + kBlock <= s.channels ? kBlock : s.channels - d0;
+    const int64_t in_batch = item % s.blocks(), gc = s.group_channels();
+    g = in_batch / s.blocks_per_group();
+    const int64_t first = (in_batch % s.blocks_per_group()) * kBlock;  // within the group
+    d0 = g * gc + first;
+    nd = first + kBlock <= gc ? kBlock : gc - first;
     const int64_t N = s.d_state;
     if (N > 64) A_heap.assign(N * kBlock, T(0));
     At = N > 64 ? A_heap.data() : A;
@@ -112,7 +120,7 @@ struct Block {
   }
   // Index of (b, d0 + c, t) in a (Bt, D, L) tensor is row(t) + c * s.length.
   int64_t row(int64_t t) const { return (b * s.channels + d0) * s.length + t; }
-  int64_t bc(int64_t t) const { return (b * s.length + t) * s.d_state; }          // into (Bt, L, N)
+  int64_t bc(int64_t t) const { return ((b * s.groups + g) * s.length + t) * s.d_state; }  // into (Bt, G, L, N)
 
   // The block's dt and dt * u at step t, zero past nd.
   void load(const T* u, const T* delta, int64_t t, T* dt, T* du) const {
@@ -160,7 +168,7 @@ void forward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm
 // g_t = C_t dy_t + a_{t+1} g_{t+1}; d(delta_t A) = g_t h_{t-1} a_t; d(delta_t u_t B_t) = g_t. A first pass keeps
 // the state at every kChunk-th step; each chunk's states and decays are recomputed from it, then read backwards,
 // so a thread holds O(N kBlock (L / kChunk + kChunk)). dA, dB, dC are sums over items: each thread adds into its
-// own slice of dA_part (threads, D, N), dB_part and dC_part (threads, Bt, L, N), which the caller sums.
+// own slice of dA_part (threads, D, N), dB_part and dC_part (threads, Bt, G, L, N), which the caller sums.
 // If y is not null the forward's y is written too (the z gate's gradient needs it), from the recomputed states.
 template <class T>
 void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* dy,
@@ -183,8 +191,8 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
         blk.template step<false, false>(dt, du, Bm + blk.bc(t), nullptr, h.data(), nullptr, nullptr);
       }
     }
-    T* dB_t = dB_part + static_cast<int64_t>(tid) * s.batch * L * N;
-    T* dC_t = dC_part + static_cast<int64_t>(tid) * s.batch * L * N;
+    T* dB_t = dB_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
+    T* dC_t = dC_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
     for (int64_t ci = chunks - 1; ci >= 0; --ci) {
       const int64_t k0 = ci * kChunk, k1 = k0 + kChunk < L ? k0 + kChunk : L;
       std::memcpy(h.data(), &starts[ci * W], W * sizeof(T));
@@ -250,19 +258,21 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
 
 extern "C" {
 
-int mixerbench_scan_abi_version() { return 1; }
+int mixerbench_scan_abi_version() { return 2; }
 
 #define MIXERBENCH_SCAN_ENTRY(T, suffix)                                                                        \
   void mixerbench_scan_fwd_##suffix(int64_t batch, int64_t channels, int64_t length, int64_t d_state,         \
+                                    int64_t groups,                                                            \
                                     const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, T* y,     \
                                     int reverse, int threads) {                                                \
-    forward<T>(Shape{batch, channels, length, d_state}, u, delta, A, Bm, Cm, y, reverse != 0, threads);        \
+    forward<T>(Shape{batch, channels, length, d_state, groups}, u, delta, A, Bm, Cm, y, reverse != 0, threads);        \
   }                                                                                                            \
   void mixerbench_scan_bwd_##suffix(int64_t batch, int64_t channels, int64_t length, int64_t d_state,         \
+                                    int64_t groups,                                                            \
                                     const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,           \
                                     const T* dy, T* du, T* ddelta, T* dA_part, T* dB_part, T* dC_part, T* y,    \
                                     int reverse, int threads) {                                                \
-    backward<T>(Shape{batch, channels, length, d_state}, u, delta, A, Bm, Cm, dy, du, ddelta, dA_part, dB_part, \
+    backward<T>(Shape{batch, channels, length, d_state, groups}, u, delta, A, Bm, Cm, dy, du, ddelta, dA_part, dB_part, \
                 dC_part, y, reverse != 0, threads);                                                               \
   }
 

@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from .naive import compute_dtype, effective_delta
+from .naive import compute_dtype, effective_delta, grouped
 
 SOURCE = Path(__file__).with_name("cpp_scan.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
-ABI_VERSION = 1
+ABI_VERSION = 2
 # Set to 0 to never build or load the library (`auto` then picks `torch_stream` on the CPU).
 ENABLE_ENV = "MIXERBENCH_CPP_SCAN"
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -97,7 +97,7 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
 
 class _Inputs:
     """The kernel's inputs, contiguous in the compute dtype: u, effective delta (B, D, L), A (D, N), B and C
-    transposed to (B, L, N) so a time step reads N adjacent values."""
+    transposed to (B, G, L, N) so a time step reads N adjacent values."""
 
     def __init__(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, delta_bias: Tensor | None,
                  delta_softplus: bool) -> None:
@@ -106,9 +106,9 @@ class _Inputs:
         self.u = u.to(ct).contiguous()  # (B, D, L)
         self.delta = effective_delta(delta, delta_bias, delta_softplus, ct).contiguous()  # (B, D, L)
         self.A = A.to(ct).contiguous()  # (D, N)
-        self.B = rearrange(B.to(ct), "b n l -> b l n").contiguous()  # (B, L, N)
-        self.C = rearrange(C.to(ct), "b n l -> b l n").contiguous()  # (B, L, N)
-        self.shape = (*u.shape, A.shape[1])  # batch, channels, length, d_state
+        self.B = rearrange(grouped(B.to(ct)), "b g n l -> b g l n").contiguous()  # (B, G, L, N)
+        self.C = rearrange(grouped(C.to(ct)), "b g n l -> b g l n").contiguous()  # (B, G, L, N)
+        self.shape = (*u.shape, A.shape[1], self.B.shape[1])  # batch, channels, length, d_state, groups
         self.suffix = _CTYPE[ct]
 
     def args(self) -> tuple:
@@ -177,21 +177,21 @@ def _scan_core_backward(
         (du, d_delta, dA, dB, dC, y_core), shaped as u, delta, A, B, C, u.
     """
     p = _Inputs(u, delta, A, B, C, None, False)
-    batch, channels, length, d_state = p.shape
+    batch, channels, length, d_state, groups = p.shape
     threads = _threads()
     dy_core = dy_core.to(p.dtype).contiguous()  # (B, D, L)
     du = torch.empty_like(p.u)  # (B, D, L)
     d_delta = torch.empty_like(p.u)  # (B, D, L)
     dA_part = p.u.new_zeros(threads.value, channels, d_state)  # per thread, (T, D, N)
-    dB_part = p.u.new_zeros(threads.value, batch, length, d_state)  # per thread, (T, B, L, N)
-    dC_part = p.u.new_zeros(threads.value, batch, length, d_state)  # per thread, (T, B, L, N)
+    dB_part = p.u.new_zeros(threads.value, batch, groups, length, d_state)  # per thread, (T, B, G, L, N)
+    dC_part = p.u.new_zeros(threads.value, batch, groups, length, d_state)  # per thread, (T, B, G, L, N)
     y_core = torch.empty_like(p.u)  # (B, D, L)
     getattr(_lib(), f"mixerbench_scan_bwd_{p.suffix}")(
         *p.args(), _ptr(dy_core), _ptr(du), _ptr(d_delta), _ptr(dA_part), _ptr(dB_part),
         _ptr(dC_part), _ptr(y_core), ctypes.c_int(int(reverse)), threads,
     )
-    dB = rearrange(dB_part.sum(0), "b l n -> b n l").contiguous()  # (B, N, L)
-    dC = rearrange(dC_part.sum(0), "b l n -> b n l").contiguous()  # (B, N, L)
+    dB = rearrange(dB_part.sum(0), "b g l n -> b g n l").reshape(B.shape).contiguous()  # as B
+    dC = rearrange(dC_part.sum(0), "b g l n -> b g n l").reshape(C.shape).contiguous()  # as C
     return du, d_delta, dA_part.sum(0), dB, dC, y_core
 
 

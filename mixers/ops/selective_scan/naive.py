@@ -15,6 +15,15 @@ from einops import rearrange
 from torch import Tensor
 
 
+def grouped(t: Tensor) -> Tensor:
+    """B or C as (B, G, N, L): one group when given as (B, N, L).
+
+    With G groups, channel d reads group d // (D / G) (mamba-ssm's "variable B" groups): vmamba scans its four
+    directions in one call so, each direction's channels reading its own B and C.
+    """
+    return t[:, None] if t.dim() == 3 else t  # (B, G, N, L)
+
+
 def compute_dtype(u: Tensor) -> torch.dtype:
     """float64 stays float64 (for tight tests); everything else accumulates in float32."""
     return torch.float64 if u.dtype == torch.float64 else torch.float32
@@ -41,8 +50,8 @@ def selective_scan_reference(
         u: input (B, D, L).
         delta: step sizes before bias and softplus (B, D, L).
         A: state matrix, real (D, N).
-        B: input projections (B, N, L).
-        C: output projections (B, N, L).
+        B: input projections (B, N, L), or (B, G, N, L) for G channel groups (see `grouped`).
+        C: output projections, shaped as B.
         D: skip weights (D,), or None.
         z: gate (B, D, L), applied as silu(z), or None.
         delta_bias: added to delta before softplus (D,), or None.
@@ -58,12 +67,14 @@ def selective_scan_reference(
     if delta_softplus:
         delta = F.softplus(delta)
     batch, channels, length = u.shape
+    per_group = channels // grouped(B).shape[1]
+    B, C = (grouped(t).repeat_interleave(per_group, dim=1) for t in (B, C))  # (B, D or 1, N, L)
     h = u.new_zeros(batch, channels, A.shape[1])  # (B, D, N)
     ys = [u.new_empty(0)] * length
     for t in reversed(range(length)) if reverse else range(length):
         dt = delta[:, :, t, None]  # (B, D, 1)
-        h = torch.exp(dt * A) * h + dt * B[:, None, :, t] * u[:, :, t, None]  # (B, D, N)
-        ys[t] = (h * C[:, None, :, t]).sum(-1)  # (B, D)
+        h = torch.exp(dt * A) * h + dt * B[..., t] * u[:, :, t, None]  # (B, D, N)
+        ys[t] = (h * C[..., t]).sum(-1)  # (B, D)
     y = torch.stack(ys, dim=-1)  # (B, D, L)
     if D is not None:
         y = y + D.double()[:, None] * u
