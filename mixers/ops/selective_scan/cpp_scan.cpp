@@ -14,6 +14,7 @@
 // vectorises for any N (vmamba's N = 1 included) and reads each step's inputs contiguously. The float exp is a
 // polynomial (Cephes' expf, ~1 ulp) written so the compiler vectorises it without -ffast-math; double uses
 // std::exp (the float64 path exists for tight tests).
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -64,7 +65,8 @@ struct Shape {
   int64_t blocks() const { return groups * blocks_per_group(); }
 };
 
-// Calls fn(item, thread) for items 0..count-1 on `threads` threads, items interleaved.
+// Calls fn(item, thread) for items 0..count-1 on `threads` threads. Items are taken from a shared counter, not
+// dealt out in advance: on a busy machine a thread that is not scheduled leaves its share to the others.
 template <class Fn>
 void parallel_items(int64_t count, int threads, Fn fn) {
   if (threads <= 1 || count <= 1) {
@@ -72,11 +74,14 @@ void parallel_items(int64_t count, int threads, Fn fn) {
     return;
   }
   int used = static_cast<int>(threads < count ? threads : count);
+  std::atomic<int64_t> next{0};
+  auto work = [&](int tid) {
+    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) fn(i, tid);
+  };
   std::vector<std::thread> pool;
   pool.reserve(used - 1);
-  for (int t = 1; t < used; ++t)
-    pool.emplace_back([=] { for (int64_t i = t; i < count; i += used) fn(i, t); });
-  for (int64_t i = 0; i < count; i += used) fn(i, 0);
+  for (int t = 1; t < used; ++t) pool.emplace_back(work, t);
+  work(0);
   for (auto& th : pool) th.join();
 }
 
