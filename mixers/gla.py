@@ -39,6 +39,11 @@ class BiGLA(TokenMixer):
     While `torch.jit.trace` runs (fvcore's count), `chunk_torch` stands in, since fvcore sees no products inside
     fla's autograd Function.
 
+    Where it departs from ViG (cite it as "ViG-style BiGLA", not as ViG's block): the two directions are summed
+    where ViG averages them (a factor of 2 before the per-head RMSNorm, which removes it except through the norm's
+    eps, so outputs differ slightly, most at initialisation); the output gate is fla's `GatedLinearAttention`'s
+    (per-head RMSNorm times swish(g_proj(x))), not ViG's; and there is no locality-injection conv (above).
+
     Parameters: 4 dim^2 for the projections, as attention's, plus 2 x (dim r + r K + K) for the two forget gates
     (r = gate_low_rank_dim, K = expand_k * dim) and a head-sized norm weight, without the projection biases
     attention has: 18% above attention's count at the micro preset, 6% at tiny with the defaults;

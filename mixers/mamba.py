@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_tokens
 from .registry import register_mixer
-from .selective_scan import (
+from .ops.selective_scan import (
     NATIVE_REVERSE_IMPLS,
     SCAN_IMPLS,
     resolve_scan_impl,
@@ -49,7 +49,7 @@ class VimMixer(TokenMixer):
         dt_init_floor: floor of the initial step size.
         conv_bias: bias on the depthwise convs.
         bias: bias on in_proj and out_proj.
-        scan_impl: selective-scan implementation, see `mixers.selective_scan.selective_scan` (`auto` picks
+        scan_impl: selective-scan implementation, see `mixers.ops.selective_scan.selective_scan` (`auto` picks
             mamba-ssm's CUDA kernel where it runs, else the Triton kernels on CUDA, else the pure-PyTorch custom op).
     """
 
@@ -159,9 +159,11 @@ class VimMixer(TokenMixer):
         x_dbl = x_proj(rearrange(x, "b d l -> b l d"))  # (B, L, dt_rank + 2 N)
         dt, B, C = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
         # dt_proj's bias is applied inside the scan (before softplus), as Mamba does.
-        delta = rearrange(F.linear(dt, dt_proj.weight), "b l d -> b d l")  # (B, d_inner, L)
-        B = rearrange(B, "b l n -> b n l")  # (B, N, L)
-        C = rearrange(C, "b l n -> b n l")  # (B, N, L)
+        # Contiguous along L, once here: the kernels read each (channel, state) row along L (the Triton scan's
+        # coalesced tiles assume it) and would otherwise copy or stride per access.
+        delta = rearrange(F.linear(dt, dt_proj.weight), "b l d -> b d l").contiguous()  # (B, d_inner, L)
+        B = rearrange(B, "b l n -> b n l").contiguous()  # (B, N, L)
+        C = rearrange(C, "b l n -> b n l").contiguous()  # (B, N, L)
         y, self.impl = selective_scan(
             x,
             delta,

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from .base import Grid, TokenMixer, check_tokens
 from .mamba import _scan_param
 from .registry import register_mixer
-from .selective_scan import SCAN_IMPLS, selective_scan, selective_scan_flops
+from .ops.selective_scan import SCAN_IMPLS, selective_scan, selective_scan_flops
 
 DIRECTIONS = 4  # row-major, column-major, row-major reversed, column-major reversed
 
@@ -53,10 +53,16 @@ class SS2D(TokenMixer):
 
     in_proj to (x, z); x through a depthwise `d_conv x d_conv` conv and SiLU; the cross-scan; per direction k
     `x_proj_weight[k]` to (dt, B, C), `dt_projs_weight[k]`, a selective scan with A = -exp(A_logs[k]) and skip
-    Ds[k] (our `mixers.selective_scan`: the Triton kernels on CUDA, mamba-ssm's CUDA kernel where it imports, the
-    pure-PyTorch op elsewhere; `impl` records which); the cross-merge; `out_norm` (LayerNorm), gate by silu(z),
+    Ds[k], the four directions in one call (`scan_directions`; our `mixers.ops.selective_scan`: the Triton kernels
+    on CUDA, mamba-ssm's CUDA kernel where it imports, the compiled `cpp_loop` on the CPU, the PyTorch op where
+    it cannot be built; `impl` records which); the cross-merge; `out_norm` (LayerNorm), gate by silu(z),
     out_proj. Parameter names follow VMamba's SS2D (`x_proj_weight`, `dt_projs_weight`, `dt_projs_bias`, `A_logs`,
     `Ds`, stacked over the four directions).
+
+    Where it departs from the released models: the forward is VMamba's v0 form (in_proj to 2 x d_inner, the z gate
+    silu(z) after out_norm), while the released v2 checkpoints use the no-z form (in_proj to d_inner only, no gate
+    branch); so the parameter count and the gating differ from a v2 model of the same width, and v2 weights do not
+    load here. The shape below (d_state, d_conv, ratio) is v2's.
 
     Defaults follow VMamba-T v2 (`ssm_ratio=1`, `d_state=1`, `d_conv=3`, no conv bias): VMamba found d_state 1 as
     accurate and faster. With them the parameters are within 2% of attention's at the micro preset and 9% below at
@@ -75,7 +81,7 @@ class SS2D(TokenMixer):
         dt_init_floor: floor of the initial step size.
         conv_bias: bias on the depthwise conv.
         bias: bias on in_proj and out_proj.
-        scan_impl: selective-scan implementation, see `mixers.selective_scan.selective_scan`.
+        scan_impl: selective-scan implementation, see `mixers.ops.selective_scan.selective_scan`.
     """
 
     def __init__(
@@ -129,25 +135,31 @@ class SS2D(TokenMixer):
         self.out_norm = nn.LayerNorm(d_inner)
         self.out_proj = nn.Linear(d_inner, dim, bias=bias)
 
-    def scan_direction(self, k: int, u: Tensor) -> Tensor:
-        """Selective scan of direction `k` over the sequence `u (B, d_inner, L)` in that direction's order."""
+    def scan_directions(self, xs: Tensor) -> Tensor:
+        """The four directions' selective scans in one call: `xs (B, 4, d_inner, L)`, each direction's sequence in
+        its own order, to the scan outputs, same shape.
+
+        The directions are stacked on the channel axis (4 d_inner channels, each with its direction's A, D and dt
+        bias) and B, C are grouped per direction (B, 4, N, L), as VMamba hands mamba-ssm's kernel: one call, not
+        four, so the per-call work (softplus, layout, dispatch, a thread pool's start) is paid once.
+        """
         d, n, r = self.d_inner, self.d_state, self.dt_rank
-        x_dbl = F.linear(rearrange(u, "b d l -> b l d"), self.x_proj_weight[k])  # (B, L, r + 2N)
-        dt, B, C = torch.split(x_dbl, [r, n, n], dim=-1)
-        delta = rearrange(F.linear(dt, self.dt_projs_weight[k]), "b l d -> b d l")  # (B, d_inner, L)
+        x_dbl = torch.einsum("bkdl,kcd->bkcl", xs, self.x_proj_weight)  # (B, 4, r + 2N, L)
+        dt, B, C = torch.split(x_dbl, [r, n, n], dim=2)  # (B, 4, r, L), (B, 4, N, L), (B, 4, N, L)
+        delta = torch.einsum("bkrl,kdr->bkdl", dt, self.dt_projs_weight)  # (B, 4, d_inner, L)
         y, self.impl = selective_scan(
-            u,
-            delta,
-            -torch.exp(_scan_param(self.A_logs[k * d:(k + 1) * d])),
-            rearrange(B, "b l n -> b n l").contiguous(),  # (B, N, L)
-            rearrange(C, "b l n -> b n l").contiguous(),  # (B, N, L)
-            _scan_param(self.Ds[k * d:(k + 1) * d]),
+            xs.flatten(1, 2),  # (B, 4 d_inner, L)
+            delta.flatten(1, 2),  # (B, 4 d_inner, L), contiguous along L as the kernels read it
+            -torch.exp(_scan_param(self.A_logs)),  # (4 d_inner, N)
+            B.contiguous(),  # (B, 4, N, L)
+            C.contiguous(),  # (B, 4, N, L)
+            _scan_param(self.Ds),
             None,
-            delta_bias=_scan_param(self.dt_projs_bias[k]),
+            delta_bias=_scan_param(self.dt_projs_bias.flatten()),  # (4 d_inner,)
             delta_softplus=True,
             impl=self.scan_impl,
         )
-        return y
+        return y.unflatten(1, (DIRECTIONS, d))  # (B, 4, d_inner, L)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Mixes `x (B, H * W, C)` by four selective scans over the grid `(H, W)`."""
@@ -157,8 +169,8 @@ class SS2D(TokenMixer):
         u, z = xz.chunk(2, dim=-1)  # (B, L, d_inner) each
         u = rearrange(u, "b (h w) d -> b d h w", h=H, w=W)
         u = F.silu(self.conv2d(u))  # (B, d_inner, H, W)
-        ys = [self.scan_direction(k, seq.contiguous()) for k, seq in enumerate(cross_scan(u))]  # 4 x (B, d, L)
-        y = rearrange(cross_merge(ys, grid), "b d l -> b l d")  # (B, L, d_inner)
+        ys = self.scan_directions(torch.stack(cross_scan(u), dim=1))  # (B, 4, d_inner, L)
+        y = rearrange(cross_merge(list(ys.unbind(1)), grid), "b d l -> b l d")  # (B, L, d_inner)
         y = self.out_norm(y) * F.silu(z)
         return self.out_proj(y)
 

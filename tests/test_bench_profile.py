@@ -41,10 +41,9 @@ def test_kernel_names_fall_in_their_class(name: str, expected: str) -> None:
 def test_every_triton_scan_kernel_is_classed_as_the_scan() -> None:
     """A profile finds the scan by its kernels' names: renaming one must not move it out of the scan's share."""
     pytest.importorskip("triton")
-    from mixers import selective_scan_triton, selective_scan_triton_v1
+    from mixers.ops.selective_scan import triton_scan
 
-    kernels = [name for module in (selective_scan_triton, selective_scan_triton_v1) for name in vars(module)
-               if name.endswith("_kernel")]
+    kernels = [name for name in vars(triton_scan) if name.endswith("_kernel")]
     assert len(kernels) >= 3 and {kernel_class(name) for name in kernels} == {"scan"}
 
 

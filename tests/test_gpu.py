@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from mixers import create_mixer
-from mixers.selective_scan import resolve_scan_impl, selective_scan
-from mixers.selective_scan_triton import triton_unavailable_reason
+from mixers.ops.selective_scan import resolve_scan_impl, selective_scan
+from mixers.ops.selective_scan.triton_scan import triton_unavailable_reason
 
 pytestmark = [
     pytest.mark.gpu,
@@ -109,9 +109,9 @@ def test_mamba_ssm_kernel_matches_pure_scan(dtype: torch.dtype) -> None:
                     reason="triton does not import here")
 @pytest.mark.parametrize("length", [4096, 65536])
 @pytest.mark.parametrize("dtype", list(MAMBA_TOLERANCES))
-@pytest.mark.parametrize("impl,reverse", [("triton", False), ("triton", True), ("triton_v1", False)])
+@pytest.mark.parametrize("impl,reverse", [("triton", False), ("triton", True)])
 def test_triton_kernels_match_pure_scan(impl: str, reverse: bool, dtype: torch.dtype, length: int) -> None:
-    """The Triton kernels (the new one in both directions, the first one forward) against our scan at mamba-ssm's
+    """The Triton kernels in both directions against our scan at mamba-ssm's
     tolerances, forward and every gradient, at L = 4096 and 65,536 (many chunks, and an L split at B x D = 128)."""
     low, ref, ran, y, y_ref = _scan_pair(impl, dtype, length, reverse)
     assert ran == impl and y.dtype == dtype

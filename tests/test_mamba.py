@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from margins import clearly_non_zero, largest
 from mixers import create_mixer
 from mixers.mamba import VimMixer
-from mixers.selective_scan import selective_scan_reference
+from mixers.ops.selective_scan import selective_scan_reference
 
 DIM = 32
 
@@ -46,9 +46,14 @@ def vim_reference(mixer: VimMixer, x: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2) @ m.out_proj.weight.T
 
 
-@pytest.mark.parametrize("scan_impl", ["auto", "torch_stream", "torch_loop"])
+@pytest.mark.parametrize("scan_impl", ["auto", "cpp_loop", "torch_stream", "torch_loop"])
 @pytest.mark.parametrize("grid", [(1, 1), (3, 5), (9, 11)])
 def test_matches_vim_reference(scan_impl: str, grid: tuple[int, int]) -> None:
+    from mixers.ops.selective_scan import resolve_scan_impl
+    from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason
+
+    if scan_impl == "cpp_loop" and (why := cpp_unavailable_reason(torch.device("cpu"), torch.float32)):
+        pytest.skip(why)
     mixer = build(scan_impl=scan_impl).eval()
     with torch.no_grad():  # random weights give a non-trivial D, conv and dt to check
         for p in mixer.parameters():
@@ -56,7 +61,7 @@ def test_matches_vim_reference(scan_impl: str, grid: tuple[int, int]) -> None:
     x = torch.randn(2, grid[0] * grid[1], DIM)
     with torch.no_grad():
         out = mixer(x, grid)
-    assert mixer.impl == ("torch_loop" if scan_impl == "torch_loop" else "torch_stream")
+    assert mixer.impl == resolve_scan_impl(scan_impl, torch.device("cpu"))
     ref = vim_reference(mixer, x)
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
 
@@ -128,7 +133,7 @@ def test_macs_match_flop_counter(grid: tuple[int, int], options: dict) -> None:
         mixer(torch.randn(1, grid[0] * grid[1], DIM), grid)
     assert mixer.macs(grid) == counter.get_total_flops() // 2
     counted_ops = {str(op) for op in counter.get_flop_counts()["Global"]}
-    assert "mixerbench.selective_scan" in counted_ops
+    assert f"mixerbench.{'selective_scan_cpp' if mixer.impl == 'cpp_loop' else 'selective_scan'}" in counted_ops
 
 
 def test_macs_match_fvcore() -> None:

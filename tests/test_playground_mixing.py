@@ -14,7 +14,7 @@ from experiments.playground.mixing import (
 )
 from experiments.playground.recurrences import gla_matrices, mamba_matrices, vmamba_matrices
 from mixers import TokenMixer, create_mixer, list_mixers
-from mixers.selective_scan import selective_scan_reference
+from mixers.ops.selective_scan import selective_scan_reference
 
 DIM, HEADS = 16, 2
 

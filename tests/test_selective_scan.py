@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from mixers.base import CUSTOM_OP_MACS
-from mixers.selective_scan import (
+from mixers.ops.selective_scan import cpp_scan
+from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason
+from mixers.ops.selective_scan import (
     SCAN_IMPLS,
     resolve_scan_impl,
     selective_scan,
@@ -20,7 +23,9 @@ from mixers.selective_scan import (
 
 LENGTHS = [1, 7, 64, 100, 257]
 OPTIONS = list(itertools.product([False, True], repeat=4))  # (D, z, delta_bias, delta_softplus)
-FAST_IMPLS = ["torch_stream", "torch_loop"]
+CPP_PROBLEM = cpp_unavailable_reason(torch.device("cpu"), torch.float32)
+needs_cpp = pytest.mark.skipif(CPP_PROBLEM is not None, reason=f"cpp_loop: {CPP_PROBLEM}")
+FAST_IMPLS = [pytest.param("cpp_loop", marks=needs_cpp), "torch_stream", "torch_loop"]
 
 
 def make_inputs(
@@ -107,7 +112,7 @@ def test_gradients_match_reference(impl: str, length: int, with_D: bool, with_z:
 
 @pytest.mark.parametrize("impl", FAST_IMPLS)
 def test_reverse_scans_backwards_in_time(impl: str) -> None:
-    """`reverse=True` (flipped around the pure-PyTorch impls) equals the reference's loop run from the last step
+    """`reverse=True` (native in `cpp_loop`, flipped around the pure-PyTorch impls) equals the reference's loop run from the last step
     to the first, forward and every gradient; and that loop equals flip, scan, flip back (Vim's formulation)."""
     inputs = make_inputs(length=19, dtype=torch.float64)
     names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
@@ -126,7 +131,7 @@ def test_reverse_scans_backwards_in_time(impl: str) -> None:
 
 def test_backward_chunking_is_exact() -> None:
     """The op's backward recomputes states chunk by chunk; chunk edges must not change the gradients."""
-    from mixers.selective_scan import _stream_backward
+    from mixers.ops.selective_scan.stream import _stream_backward
 
     inputs = make_inputs(length=23, dtype=torch.float64)
     dy = torch.randn_like(inputs["u"])
@@ -192,8 +197,9 @@ def test_flop_counter_counts_one_op_not_the_loop() -> None:
     inputs = make_inputs(length=9)
     u = inputs["u"].requires_grad_()
     with FlopCounterMode(display=False) as counter:
-        y, _ = selective_scan(**inputs)
-    expected = {torch.ops.mixerbench.selective_scan: selective_scan_flops(2, 6, 9, 5)}
+        y, name = selective_scan(**inputs)
+    op = torch.ops.mixerbench.selective_scan_cpp if name == "cpp_loop" else torch.ops.mixerbench.selective_scan
+    expected = {op: selective_scan_flops(2, 6, 9, 5)}
     assert counter.get_flop_counts()["Global"] == expected
     y.sum().backward()
     assert u.grad is not None
@@ -201,7 +207,7 @@ def test_flop_counter_counts_one_op_not_the_loop() -> None:
 
 def test_impl_resolution_on_cpu() -> None:
     cpu = torch.device("cpu")
-    assert resolve_scan_impl("auto", cpu) == "torch_stream"
+    assert resolve_scan_impl("auto", cpu) == ("torch_stream" if CPP_PROBLEM else "cpp_loop")
     assert resolve_scan_impl("torch_loop", cpu) == "torch_loop"
     with pytest.raises(RuntimeError, match="mamba_ssm_cuda"):
         resolve_scan_impl("mamba_ssm_cuda", cpu)
@@ -209,6 +215,184 @@ def test_impl_resolution_on_cpu() -> None:
         resolve_scan_impl("cuda_magic", cpu)
     meta = torch.device("meta")  # shapes only: routed to ops with fakes and the flop formula
     assert [resolve_scan_impl(i, meta) for i in SCAN_IMPLS] == [
-        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_loop", "triton_v1"]
+        "torch_stream", "torch_stream", "triton", "torch_stream", "torch_stream", "torch_loop"]
+    _, name = selective_scan(**make_inputs(length=3))
+    assert name == resolve_scan_impl("auto", cpu)
+
+
+# The compiled CPU loop (`cpp_loop`): channel blocks of 16 and backward chunks of 64 steps, so the shapes below
+# cross both edges (19 and 40 channels, lengths around 64 and 128), at the state sizes the mixers use (vmamba 1,
+# mamba 16) and odd ones, with one and two threads (the backward's per-thread partial sums).
+CPP_SHAPES = [(2, 19, 1, 1), (1, 40, 63, 1), (2, 19, 65, 16), (1, 17, 130, 5), (3, 3, 7, 17)]
+
+
+@needs_cpp
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("batch,channels,length,d_state", CPP_SHAPES)
+def test_cpp_loop_float64_forward_and_gradients(batch: int, channels: int, length: int, d_state: int, reverse: bool,
+                                                threads: int) -> None:
+    """float64 runs the same loop in double with std::exp: equal to the reference to round-off (1e-10)."""
+    inputs = make_inputs(batch, channels, length, d_state, dtype=torch.float64)
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    leaves = {k: inputs[k].clone().requires_grad_() for k in names}
+    dy = torch.randn_like(inputs["u"])
+    y_ref = selective_scan_reference(**{**inputs, **leaves}, reverse=reverse)
+    grads_ref = torch.autograd.grad(y_ref, list(leaves.values()), dy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y, name = selective_scan(**{**inputs, **leaves}, impl="cpp_loop", reverse=reverse)
+        grads = torch.autograd.grad(y, list(leaves.values()), dy)
+    finally:
+        torch.set_num_threads(before)
+    assert name == "cpp_loop"
+    for key, g, g_ref in zip(["y", *names], (y, *grads), (y_ref, *grads_ref)):
+        torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10, msg=f"{key} differs")
+
+
+@needs_cpp
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("d_state", [1, 16])
+def test_cpp_loop_float32_gradients_near_float64(d_state: int, reverse: bool) -> None:
+    """In float32 the decay comes from a polynomial exp (~1 ulp): every gradient within 1e-4 of the float64
+    reference's largest entry (float32 accumulation over 300 steps alone gives ~1e-5)."""
+    inputs = make_inputs(2, 20, 300, d_state)
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    leaves = {k: inputs[k].clone().requires_grad_() for k in names}
+    exact = {k: inputs[k].double().requires_grad_() for k in names}
+    dy = torch.randn_like(inputs["u"])
+    y, _ = selective_scan(**{**inputs, **leaves}, impl="cpp_loop", reverse=reverse)
+    grads = torch.autograd.grad(y, list(leaves.values()), dy)
+    y_ref = selective_scan_reference(**{**inputs, **exact}, reverse=reverse)
+    grads_ref = torch.autograd.grad(y_ref, list(exact.values()), dy.double())
+    assert rel_err(y, y_ref) <= 1e-5
+    for name, g, g_ref in zip(names, grads, grads_ref):
+        assert g.dtype == torch.float32
+        assert rel_err(g, g_ref) <= 1e-4, name
+
+
+@needs_cpp
+def test_cpp_loop_decays_underflow_to_zero() -> None:
+    """Steps so long that exp(delta A) is below float32's range (exponents to -1e4) give finite outputs equal to the
+    reference (whose float64 decays are 0 or denormal there too): the polynomial exp flushes, never overflows."""
+    inputs = make_inputs(1, 4, 9, 3, softplus=False, with_bias=False)
+    inputs["delta"] = inputs["delta"] * 4000
+    y, _ = selective_scan(**inputs, impl="cpp_loop")
+    assert torch.isfinite(y).all()
+    assert rel_err(y, selective_scan_reference(**inputs)) <= 1e-5
+
+
+@needs_cpp
+def test_cpp_loop_opcheck() -> None:
+    inputs = make_inputs(length=7, d_state=3)
+    args = tuple(inputs.values())
+    grad_args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
+    for sample in (args, grad_args, (*args[:5], None, None, None, False)):
+        for reverse in (False, True):
+            torch.library.opcheck(torch.ops.mixerbench.selective_scan_cpp.default, (*sample, reverse))
+
+
+def test_auto_falls_back_to_torch_stream_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the C++ scan cannot be built, `auto` runs `torch_stream` and says so; `cpp_loop` asked for by name
+    raises with the reason."""
+    monkeypatch.setattr(cpp_scan, "_library", lambda: "the C++ scan could not be built (no compiler)")
+    cpu = torch.device("cpu")
+    assert resolve_scan_impl("auto", cpu) == "torch_stream"
     _, name = selective_scan(**make_inputs(length=3))
     assert name == "torch_stream"
+    with pytest.raises(RuntimeError, match="no compiler"):
+        resolve_scan_impl("cpp_loop", cpu)
+
+
+@pytest.mark.parametrize("mixer_name", ["mamba", "vmamba"])
+def test_ssm_mixers_hand_the_scan_contiguous_rows(mixer_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both SSM mixers give the scan delta, B and C contiguous along L (issue 34 item 7): the kernels read rows
+    along L, and the Triton scan's coalesced tiles assume it."""
+    import importlib
+
+    from mixers import create_mixer
+
+    module = importlib.import_module(f"mixers.{mixer_name}")
+    seen = []
+
+    def recording_scan(u, delta, A, B, C, *args, **kwargs):
+        seen.append({name: t.is_contiguous() for name, t in (("u", u), ("delta", delta), ("B", B), ("C", C))})
+        return selective_scan(u, delta, A, B, C, *args, **kwargs)
+
+    monkeypatch.setattr(module, "selective_scan", recording_scan)
+    mixer = create_mixer(mixer_name, 16, 2)
+    mixer(torch.randn(2, 3 * 5, 16), (3, 5))
+    assert seen and all(all(flags.values()) for flags in seen), seen
+
+
+def test_mamba_ssm_failing_with_other_than_import_error_falls_back(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mamba-ssm whose import raises AttributeError (API drift) is treated as not importable: `auto` passes it
+    over with a RuntimeWarning that gives the reason, and asking for `mamba_ssm_cuda` raises one clear error."""
+    import mixers.ops.selective_scan as scan_module
+
+    package = tmp_path / "mamba_ssm"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise AttributeError(\"module 'torch' has no attribute 'gone'\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "mamba_ssm" or m.startswith("mamba_ssm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    scan_module._mamba_ssm_import.cache_clear()
+    scan_module._warn_mamba_ssm_broken.cache_clear()
+    try:
+        assert "AttributeError" in scan_module.mamba_ssm_unavailable_reason()
+        with pytest.warns(RuntimeWarning, match="AttributeError"):
+            ran = resolve_scan_impl("auto", torch.device("cuda"))
+        assert ran != "mamba_ssm_cuda"
+        with pytest.raises(RuntimeError, match="AttributeError"):
+            resolve_scan_impl("mamba_ssm_cuda", torch.device("cuda"))
+        assert resolve_scan_impl("auto", torch.device("cpu")) in ("cpp_loop", "torch_stream")
+    finally:
+        scan_module._mamba_ssm_import.cache_clear()
+        scan_module._warn_mamba_ssm_broken.cache_clear()
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_grouped_b_and_c_equal_one_scan_per_group(impl: str, reverse: bool) -> None:
+    """B, C of shape (B, G, N, L) (vmamba's four directions in one call): channel d reads group d // (D / G).
+    Each implementation equals the reference run group by group, forward and every gradient; the reference itself
+    takes groups, which the per-group runs check."""
+    inputs = make_inputs(2, 12, 37, 3, dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    inputs["B"], inputs["C"] = (torch.randn(2, 4, 3, 37, generator=g, dtype=torch.float64) for _ in range(2))
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    dy = torch.randn_like(inputs["u"])
+
+    def per_group(**kw) -> torch.Tensor:
+        part = {"u": 1, "delta": 1, "z": 1, "A": 0, "D": 0, "delta_bias": 0}
+        return torch.cat([selective_scan_reference(
+            **{k: (v.narrow(part[k], 3 * i, 3) if k in part else v[:, i] if k in ("B", "C") else v)
+               for k, v in kw.items()}, reverse=reverse) for i in range(4)], dim=1)
+
+    results = []
+    for scan in (per_group, lambda **kw: selective_scan_reference(**kw, reverse=reverse),
+                 lambda **kw: selective_scan(**kw, impl=impl, reverse=reverse)[0]):
+        leaves = {k: inputs[k].clone().requires_grad_() for k in names}
+        y = scan(**{**inputs, **leaves})
+        results.append((y, *torch.autograd.grad(y, list(leaves.values()), dy)))
+    for got in results[1:]:
+        for key, a, b in zip(["y", *names], got, results[0]):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"{key} differs")
+
+
+def test_vmamba_scans_its_four_directions_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One selective-scan call per forward, over 4 x d_inner channels with B and C grouped by direction."""
+    import mixers.vmamba as vmamba_module
+    from mixers import create_mixer
+
+    calls = []
+
+    def recording_scan(u, delta, A, B, C, *args, **kwargs):
+        calls.append((tuple(u.shape), tuple(B.shape)))
+        return selective_scan(u, delta, A, B, C, *args, **kwargs)
+
+    monkeypatch.setattr(vmamba_module, "selective_scan", recording_scan)
+    mixer = create_mixer("vmamba", 16, 2)
+    mixer(torch.randn(2, 3 * 5, 16), (3, 5))
+    assert calls == [((2, 4 * mixer.d_inner, 15), (2, 4, mixer.d_state, 15))]

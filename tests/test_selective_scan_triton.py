@@ -50,6 +50,9 @@ KERNEL_CASES = {
     # L split into 3 groups of 2 chunks (the last group of 1): the carry pass joins them, forward and backward.
     "split_forward": (2, 3, 19, 3, 4, 2, 3, False, "float32", (True,) * 4),
     "split_reverse": (2, 3, 19, 3, 4, 2, 3, True, "float32", (True,) * 4),
+    # vmamba's default d_state = 1: a state block one wide (issue 34 item 7).
+    "d_state_1_forward": (2, 3, 19, 1, 4, 2, 3, False, "float32", (True,) * 4),
+    "d_state_1_reverse": (1, 5, 11, 1, 4, 2, 1, True, "float32", (True,) * 4),
 }
 # Low precision in, float32 inside: against the reference on the same rounded values, at mamba-ssm's bf16
 # tolerances element-wise (fp16 rounds finer than bf16, so the same bound holds).
@@ -63,11 +66,8 @@ OP_CASES = {
     "triton_float32_forward": ("triton", torch.float32, False, (1, 10, 37, 5)),
     "triton_float32_reverse": ("triton", torch.float32, True, (1, 10, 37, 5)),
     "triton_bfloat16_reverse": ("triton", torch.bfloat16, True, (1, 9, 70, 4)),
-    "triton_v1_float32_reverse": ("triton_v1", torch.float32, True, (1, 10, 37, 5)),
+    "triton_float32_d_state_1": ("triton", torch.float32, True, (1, 10, 37, 1)),
 }
-# The first kernels, still selectable: all options, over chunk and channel-block edges (chunk 8, block 8: 6 chunks,
-# the last of 5, x 2 blocks, the last of 2 channels).
-V1_CASES = {"v1_all_options": (2, 10, 45, 5, 8, 8)}
 
 
 def elementwise_excess(a: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> float:
@@ -83,7 +83,7 @@ def rel_norm_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _reference_grads(inputs: dict, dy: torch.Tensor, reverse: bool = False) -> dict[str, torch.Tensor]:
     """y and gradients of <y, dy> from the float64 reference, keyed as in GRAD_NAMES."""
-    from mixers.selective_scan import selective_scan_reference
+    from mixers.ops.selective_scan import selective_scan_reference
 
     leaves = {k: inputs[k].double().requires_grad_() for k in GRAD_NAMES if inputs[k] is not None}
     y = selective_scan_reference(**{**inputs, **leaves}, reverse=reverse)
@@ -104,7 +104,7 @@ def _excess(result: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> di
 
 
 def _kernel_case(case: tuple) -> dict:
-    from mixers.selective_scan_triton import scan_bwd, scan_fwd
+    from mixers.ops.selective_scan.triton_scan import scan_bwd, scan_fwd
 
     b, d, length, n, chunk, block_d, splits, reverse, dtype, options = case
     inputs = make_inputs(b, d, length, n, dtype=getattr(torch, dtype), **dict(zip(OPTION_NAMES, options)))
@@ -121,7 +121,7 @@ def _kernel_case(case: tuple) -> dict:
 def _op_case(impl: str, dtype: torch.dtype, reverse: bool, shape: tuple) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from mixers.selective_scan import selective_scan, selective_scan_flops
+    from mixers.ops.selective_scan import selective_scan, selective_scan_flops
 
     b, d, length, n = shape
     inputs = make_inputs(b, d, length, n, dtype=dtype)
@@ -141,17 +141,6 @@ def _op_case(impl: str, dtype: torch.dtype, reverse: bool, shape: tuple) -> dict
         "errors": _errors(result, ref),
         "excess": _excess(result, ref),
     }
-
-
-def _v1_case(case: tuple) -> dict:
-    from mixers.selective_scan_triton_v1 import scan_bwd, scan_fwd
-
-    b, d, length, n, chunk, block_d = case
-    inputs = make_inputs(b, d, length, n)
-    dy = torch.randn(b, d, length, generator=torch.Generator().manual_seed(1))
-    y, ckpt = scan_fwd(**inputs, chunk_size=chunk, block_d=block_d)
-    grads = scan_bwd(dy, ckpt, **inputs, chunk_size=chunk, block_d=block_d)
-    return _errors({"y": y, **dict(zip(GRAD_NAMES, grads))}, _reference_grads(inputs, dy))
 
 
 def _mixer_results() -> dict:
@@ -192,25 +181,42 @@ def _mixer_results() -> dict:
     return out
 
 
+def _vmamba_results() -> dict:
+    """vmamba at its default d_state = 1 with scan_impl='triton' against 'torch_stream' (same weights): output and
+    the input's and A's gradients, on a grid whose four scans have 15 steps."""
+    from mixers import create_mixer
+
+    pair = {impl: create_mixer("vmamba", 16, 2, scan_impl=impl) for impl in ("triton", "torch_stream")}
+    pair["triton"].load_state_dict(pair["torch_stream"].state_dict())
+    tokens = torch.randn(2, 3 * 5, 16, generator=torch.Generator().manual_seed(4))
+    outputs = {}
+    for impl, m in pair.items():
+        x_leaf = tokens.clone().requires_grad_()
+        y = m(x_leaf, (3, 5))
+        outputs[impl] = (y, *torch.autograd.grad(y.square().sum(), [x_leaf, m.A_logs, m.dt_projs_bias]))
+    return {"impl": pair["triton"].impl, "d_state": pair["triton"].d_state,
+            "errors": {k: rel_norm_err(a, b) for k, a, b in zip(("y", "dx", "dA_logs", "ddt_bias"),
+                                                                  *outputs.values())}}
+
+
 def interpreter_results() -> dict:
     """Runs every case under the interpreter (TRITON_INTERPRET=1 must be set already) and returns the errors."""
-    from mixers import selective_scan_triton
+    from mixers.ops.selective_scan import triton_scan
 
-    assert selective_scan_triton.INTERPRET, "run with TRITON_INTERPRET=1 in the environment"
+    assert triton_scan.INTERPRET, "run with TRITON_INTERPRET=1 in the environment"
     out: dict = {
         "kernel": {name: _kernel_case(case) for name, case in {**KERNEL_CASES, **HALF_CASES}.items()},
-        "v1": {name: _v1_case(case) for name, case in V1_CASES.items()},
     }
-    selective_scan_triton.DEFAULT_CHUNK = OP_CHUNK  # the fake reads the same constant, so they stay in step
+    triton_scan.DEFAULT_CHUNK = OP_CHUNK  # the fake reads the same constant, so they stay in step
     out["op"] = {name: _op_case(*case) for name, case in OP_CASES.items()}
     out.update(_mixer_results())
+    out["vmamba"] = _vmamba_results()
 
     inputs = make_inputs(1, 3, 5, 3)
     args = tuple(inputs.values())
     grad_args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
-    for op in (torch.ops.mixerbench.selective_scan_triton.default, torch.ops.mixerbench.selective_scan_triton_v1.default):
-        for sample in (grad_args, (*args[:5], None, None, None, False)):
-            torch.library.opcheck(op, sample)
+    for sample in (grad_args, (*args[:5], None, None, None, False)):
+        torch.library.opcheck(torch.ops.mixerbench.selective_scan_triton.default, sample)
     torch.library.opcheck(torch.ops.mixerbench.selective_scan_triton.default, (*grad_args, True))
     out["opcheck"] = "passed"
     return out
@@ -253,7 +259,7 @@ def test_kernels_take_half_precision_inputs(interpreted: dict, case: str) -> Non
 
 @pytest.mark.parametrize("case", [c for c in OP_CASES if OP_CASES[c][1] == torch.float32])
 def test_op_float32_matches_reference_and_counts_flops(interpreted: dict, case: str) -> None:
-    """Through `selective_scan` (the custom op, its autograd, the flip around `triton_v1` for reverse)."""
+    """Through `selective_scan` (the custom op and its autograd)."""
     result = interpreted["op"][case]
     assert result["impl"] == OP_CASES[case][0]
     assert set(result["errors"]) == {"y", *GRAD_NAMES}
@@ -272,12 +278,6 @@ def test_op_bfloat16_accumulates_in_float32(interpreted: dict) -> None:
     assert result["flops"] == result["expected_flops"]
 
 
-def test_v1_kernels_match_reference(interpreted: dict) -> None:
-    errors = interpreted["v1"]["v1_all_options"]
-    assert set(errors) == {"y", *GRAD_NAMES}
-    assert max(errors.values()) <= FP32_RTOL, errors
-
-
 def test_native_reverse_equals_vim_flip_formulation(interpreted: dict) -> None:
     """The mixer's backward direction read backwards by the kernel (anti-causal conv, reverse scan) equals Vim's
     flip, scan, flip back: output and the gradients of x, z, the conv, A and the dt bias within 1e-4."""
@@ -292,16 +292,24 @@ def test_vim_mixer_runs_the_triton_scan(interpreted: dict) -> None:
     assert max(errors.values()) <= FP32_RTOL, errors
 
 
+def test_vmamba_default_d_state_1_runs_the_triton_scan(interpreted: dict) -> None:
+    """vmamba's default d_state = 1 through the Triton scan (a one-wide state block) matches torch_stream within
+    1e-4, output and gradients (issue 34 item 7)."""
+    result = interpreted["vmamba"]
+    assert result["impl"] == "triton" and result["d_state"] == 1
+    assert max(result["errors"].values()) <= FP32_RTOL, result["errors"]
+
+
 def test_opcheck(interpreted: dict) -> None:
     assert interpreted["opcheck"] == "passed"
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this process interprets triton")
-@pytest.mark.parametrize("impl", ["triton", "triton_v1"])
-def test_cpu_tensors_need_the_interpreter(impl: str) -> None:
-    from mixers.selective_scan import resolve_scan_impl, selective_scan
+def test_cpu_tensors_need_the_interpreter() -> None:
+    impl = "triton"
+    from mixers.ops.selective_scan import resolve_scan_impl, selective_scan
 
-    assert resolve_scan_impl("auto", torch.device("cpu")) == "torch_stream"
+    assert resolve_scan_impl("auto", torch.device("cpu")) in ("cpp_loop", "torch_stream")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         selective_scan(**make_inputs(length=3), impl=impl)
     with pytest.raises(RuntimeError, match="float32/float16/bfloat16"):
@@ -310,7 +318,7 @@ def test_cpu_tensors_need_the_interpreter(impl: str) -> None:
 
 def test_tiling_rejects_non_powers_of_two() -> None:
     pytest.importorskip("triton", reason="triton does not import here")
-    from mixers.selective_scan_triton import Tiling
+    from mixers.ops.selective_scan.triton_scan import Tiling
 
     with pytest.raises(ValueError, match="chunk_size must be a power of two"):
         Tiling(1, 8, 100, chunk_size=48)
@@ -330,7 +338,7 @@ def test_kernels_compile_for_sm90(local: bool, carry: bool, reverse: bool) -> No
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from mixers import selective_scan_triton as kernels
+    from mixers.ops.selective_scan import triton_scan as kernels
 
     options = dict(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True, BLOCK_N=16, CHUNK=kernels.DEFAULT_CHUNK,
                    LOCAL=local, HAS_CARRY=carry, REVERSE=reverse)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from mixers import create_mixer
-from mixers.selective_scan import selective_scan_reference
+from mixers.ops.selective_scan import selective_scan_reference
 from mixers.vmamba import SS2D, cross_merge, cross_scan
 
 DIM = 16

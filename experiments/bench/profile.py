@@ -26,9 +26,9 @@ from .record import provenance_columns, provenance_line, write_rows
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-# First match wins. The scan: mamba-ssm's kernels, the Triton scan's (mixers/selective_scan_triton*.py).
+# First match wins. The scan: mamba-ssm's kernels, the Triton scan's (mixers/ops/selective_scan/triton_scan.py).
 CLASSES = (
-    ("scan", re.compile(r"selective_scan|_scan_(fwd|bwd|combine_splits)_kernel|_chunk_\w*_kernel")),
+    ("scan", re.compile(r"selective_scan|_scan_(fwd|bwd|combine_splits)_kernel")),
     ("matmul", re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas|matmul|aten::(mm|bmm|addmm|baddbmm|linear)\b")),
     ("conv", re.compile(r"convolution|aten::conv\dd|causal_conv|conv\w*_kernel")),
     # anchored: CUDA's `unrolled_elementwise_kernel` (any non-contiguous or casting elementwise op) is no roll

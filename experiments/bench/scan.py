@@ -1,8 +1,11 @@
-"""Benchmark: our pure-PyTorch selective scan against mamba-ssm's own `selective_scan_ref`, on CPU.
+"""Benchmark: the CPU selective scans (the compiled `cpp_loop`, the stepped `torch_stream` op, the autograd
+`torch_loop`, and mamba-ssm's own `selective_scan_ref` where its source is given) against each other and against
+the float64 reference.
 
-Times forward (no grad) and forward+backward at one Mamba-like problem (default B=1, D=192, L=1024, N=16, fp32, the
-size measured in KERNELS.md) with `torch.utils.benchmark.Timer` and an explicit thread count, and reports medians,
-IQRs, speed-ups and the largest differences of outputs and gradients.
+Times forward (no grad) and forward+backward at a Vim-tiny-like problem (default B=1, D=384, N=16, fp32) over
+L = 256, 1,024 and 4,096 (`--long` adds 16,384; it takes minutes) with `torch.utils.benchmark.Timer` and an
+explicit thread count, and prints per L and implementation the median, IQR, speed-up over `torch_stream`, and the
+largest relative error of the output and of every input's gradient against the float64 reference loop.
 
 `selective_scan_ref` is read from mamba-ssm's source archive (the package installs only with CUDA). Get it with
 
@@ -13,13 +16,15 @@ IQRs, speed-ups and the largest differences of outputs and gradients.
 (pip prepares the sdist's metadata, which imports torch: hence no build isolation, in an environment with torch)
 and pass `--mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1`. Without it only our scans are timed.
 
-With `--device cuda` it instead times the GPU implementations (`triton`, `triton_v1`, `torch_stream`, and
+With `--device cuda` it instead times the GPU implementations (`triton`, `torch_stream`, and
 `mamba_ssm_cuda` where mamba-ssm imports) forward, forward+backward, and Vision Mamba's bidirectional pair
 (`bidir fwd+bwd`: a forward and a reverse scan) over L = 1K..64K at a Vim-tiny-like B=1, D=384 (expand 2 x
 dim 192), N=16, in bf16 or fp32 (`--dtype`), and prints one table; see `bench_cuda`.
 
 Usage:
-    python -m experiments.bench.scan --mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1 --num-threads 1
+    python -m experiments.bench.scan --device cpu --num-threads 1
+    python -m experiments.bench.scan --device cpu --long --d-state 1      # vmamba's N, to 16K
+    python -m experiments.bench.scan --mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1 --lengths 1024
     python -m experiments.bench.scan --device cuda --dtype bf16
 """
 from __future__ import annotations
@@ -35,7 +40,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mixers.selective_scan import resolve_scan_impl, selective_scan, selective_scan_loop, selective_scan_reference
+from mixers.ops.selective_scan import resolve_scan_impl, selective_scan, selective_scan_loop, selective_scan_reference
+from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason
 
 from .record import provenance_columns, provenance_line, write_rows
 from .cli import Parser, int_at_least, positive_float
@@ -51,6 +57,11 @@ GET_SOURCE = (
     "mamba-ssm==2.3.2.post1 -d /tmp/mamba_src && tar xzf /tmp/mamba_src/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba_src"
 )
 INPUT_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+DEFAULT_LENGTHS = (256, 1024, 4096)
+LONG_LENGTHS = (16384,)
+# The longest L each slow CPU scan is timed at: the stepped op pays Python per step, the autograd loop keeps every
+# state (O(B D L N) memory) and mamba-ssm's reference indexes per step.
+STEPPED_MAX_LENGTH = {"torch_stream (op)": 16384, "torch_loop (autograd)": 4096, "mamba-ssm selective_scan_ref": 1024}
 
 
 def load_selective_scan_ref(src: Path) -> Callable[..., torch.Tensor]:
@@ -142,7 +153,7 @@ def bench_cuda(
     Returns:
         rows (L, implementation, pass, median ms, IQR ms).
     """
-    impls = ["triton", "triton_v1", "torch_stream"]
+    impls = ["triton", "torch_stream"]
     if resolve_scan_impl("auto", torch.device("cuda"), dtype) == "mamba_ssm_cuda":
         impls.insert(0, "mamba_ssm_cuda")
     print(f"selective scan on {torch.cuda.get_device_name()}, B={batch} D={channels} N={d_state}, {dtype} inputs, "
@@ -189,9 +200,9 @@ def bench_cuda(
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(
         prog="python -m experiments.bench.scan",
-        description="Time our pure-PyTorch selective scan against mamba-ssm's selective_scan_ref (CPU, fp32): "
-        "forward and forward+backward medians and IQRs, speed-ups, and the largest differences of outputs and "
-        "gradients (also against a float64 reference).",
+        description="Time the CPU selective scans (cpp_loop, torch_stream, torch_loop, and mamba-ssm's "
+        "selective_scan_ref with --mamba-src) over L, fp32: forward and forward+backward medians and IQRs, the "
+        "speed-up over torch_stream, and the largest error of outputs and gradients against a float64 reference.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--mamba-src", type=Path, default=None,
@@ -199,12 +210,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-threads", type=int_at_least(1, 4096), default=torch.get_num_threads(),
                         help="intra-op threads for every timing (Timer's own default would be one)")
     parser.add_argument("--batch", type=int_at_least(1), default=1)
-    parser.add_argument("--channels", type=int_at_least(1), default=192, help="scanned channels D")
-    parser.add_argument("--length", type=int_at_least(1), default=1024, help="time steps L")
+    parser.add_argument("--channels", type=int_at_least(1), default=384,
+                        help="scanned channels D (384: Vim-tiny's expand 2 x dim 192)")
+    parser.add_argument("--lengths", "--length", type=int_at_least(1), nargs="+", default=list(DEFAULT_LENGTHS),
+                        help="time steps L to time")
+    parser.add_argument("--long", action="store_true",
+                        help=f"also time L = {', '.join(map(str, LONG_LENGTHS))} (minutes: the stepped scans and "
+                             "the float64 reference loop are slow there)")
     parser.add_argument("--d-state", type=int_at_least(1), default=16, help="state size N")
-    parser.add_argument("--repeats", type=int_at_least(1), default=7,
+    parser.add_argument("--repeats", type=int_at_least(1), default=5,
                         help="timed blocks per case (median and IQR over these)")
-    parser.add_argument("--block-seconds", type=positive_float, default=0.3, help="target length of one timed block")
+    parser.add_argument("--block-seconds", type=positive_float, default=0.2, help="target length of one timed block")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--skip-float64", action="store_true", help="skip the float64 reference (slow at large L)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -227,13 +243,15 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     torch.set_num_threads(args.num_threads)
-    inputs = make_inputs(args.batch, args.channels, args.length, args.d_state, args.seed)
-    dy = torch.randn(args.batch, args.channels, args.length, generator=torch.Generator().manual_seed(args.seed + 1))
-
-    scans: dict[str, Callable[..., torch.Tensor]] = {
-        "torch_stream (op)": lambda **kw: selective_scan(**kw, impl="torch_stream")[0],
-        "torch_loop (autograd)": selective_scan_loop,
-    }
+    lengths = sorted(set(args.lengths) | (set(LONG_LENGTHS) if args.long else set()))
+    scans: dict[str, Callable[..., torch.Tensor]] = {}
+    cpp_problem = cpp_unavailable_reason(torch.device("cpu"), torch.float32)
+    if cpp_problem is None:
+        scans["cpp_loop (compiled)"] = lambda **kw: selective_scan(**kw, impl="cpp_loop")[0]
+    else:
+        print(f"cpp_loop not timed: {cpp_problem}\n")
+    scans["torch_stream (op)"] = lambda **kw: selective_scan(**kw, impl="torch_stream")[0]
+    scans["torch_loop (autograd)"] = selective_scan_loop
     ref_name = "mamba-ssm selective_scan_ref"
     if args.mamba_src is None:
         print(f"--mamba-src not given: timing our scans only. To compare, get the source with:\n  {GET_SOURCE}\n"
@@ -246,54 +264,59 @@ def main(argv: list[str] | None = None) -> None:
                   f"Get the source with:\n  {GET_SOURCE}\n")
 
     prov = provenance_columns(torch.device("cpu"), args.repeats)
-    print(f"selective scan, B={args.batch} D={args.channels} L={args.length} N={args.d_state}, fp32, "
-          f"with D, z, delta_bias, softplus; torch {torch.__version__}, {args.num_threads} thread(s)")
+    print(f"selective scan, B={args.batch} D={args.channels} N={args.d_state}, L = {', '.join(map(str, lengths))}, "
+          f"fp32, with D, z, delta_bias, softplus; torch {torch.__version__}, {args.num_threads} thread(s)")
     print(provenance_line(prov) + "\n")
     rows = []
-    for name, scan in scans.items():
-        def forward(scan=scan) -> None:
-            with torch.no_grad():
-                scan(**inputs)
+    for length in lengths:
+        inputs = make_inputs(args.batch, args.channels, length, args.d_state, args.seed)
+        dy = torch.randn(args.batch, args.channels, length, generator=torch.Generator().manual_seed(args.seed + 1))
+        exact = None
+        if not args.skip_float64:
+            exact = forward_and_grads(selective_scan_reference, {k: v.double() if isinstance(v, torch.Tensor) else v
+                                                                 for k, v in inputs.items()}, dy.double())
+        for name, scan in scans.items():
+            if name != "cpp_loop (compiled)" and length > STEPPED_MAX_LENGTH.get(name, length):
+                continue  # the stepped and autograd loops take minutes (or gigabytes) there
 
-        leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+            def forward(scan=scan) -> None:
+                with torch.no_grad():
+                    scan(**inputs)
 
-        def forward_backward(scan=scan, leaves=leaves) -> None:
-            y = scan(**{**inputs, **leaves})
-            torch.autograd.grad(y, list(leaves.values()), dy)
+            leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 
-        for pass_name, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
-            m = time_it(fn, args.num_threads, args.repeats, args.block_seconds)
-            rows.append((name, pass_name, m.median * 1e3, m.iqr * 1e3))
+            def forward_backward(scan=scan, leaves=leaves) -> None:
+                y = scan(**{**inputs, **leaves})
+                torch.autograd.grad(y, list(leaves.values()), dy)
 
-    write_rows(csv_path, [{"length": args.length, "implementation": n, "pass": p, "median_ms": ms, "iqr_ms": iqr,
-                           "dtype": "fp32", "num_threads": args.num_threads, **prov} for n, p, ms, iqr in rows])
-    base = {p: ms for n, p, ms, _ in rows if n == ref_name}
-    print(f"| {'implementation':<30} | {'pass':<7} | {'median ms':>9} | {'IQR ms':>7} | {'speed-up vs ref':>15} |")
-    print(f"|{'-' * 32}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 17}|")
-    for name, pass_name, ms, iqr in rows:
-        speedup = f"{base[pass_name] / ms:.1f}x" if pass_name in base else "n/a"
-        print(f"| {name:<30} | {pass_name:<7} | {ms:9.1f} | {iqr:7.1f} | {speedup:>15} |")
+            times = {}
+            for pass_name, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
+                m = time_it(fn, args.num_threads, args.repeats, args.block_seconds)
+                times[pass_name] = (m.median * 1e3, m.iqr * 1e3)
+            error = float("nan")
+            if exact is not None:
+                res = forward_and_grads(scan, inputs, dy)
+                error = max((res[k] - exact[k]).abs().max().item() / max(exact[k].abs().max().item(), 1e-30)
+                            for k in exact)
+            for pass_name, (ms, iqr) in times.items():
+                rows.append({"length": length, "implementation": name, "pass": pass_name, "median_ms": ms,
+                             "iqr_ms": iqr, "max_rel_err_vs_float64": error})
 
-    results = {name: forward_and_grads(scan, inputs, dy) for name, scan in scans.items()}
-    references = {}
-    if ref_name in results:
-        references["vs selective_scan_ref"] = results[ref_name]
-    if not args.skip_float64:
-        references["vs float64 reference"] = forward_and_grads(
-            selective_scan_reference, {k: v.double() if isinstance(v, torch.Tensor) else v
-                                       for k, v in inputs.items()}, dy.double())
-    print("\nlargest differences: max |a - b| (and max |a - b| / max |b|), over y and the grads of every input")
-    for ref_label, ref in references.items():
-        for name, res in results.items():
-            if res is ref:
-                continue
-            diffs = {k: (res[k] - ref[k]).abs().max().item() for k in ref}
-            rels = {k: diffs[k] / max(ref[k].abs().max().item(), 1e-30) for k in ref}
-            worst_grad = max((k for k in ref if k != "y"), key=rels.get)
-            print(f"  {name:<30} {ref_label:<22} y: {diffs['y']:.2e} ({rels['y']:.1e})   "
-                  f"grads: worst {worst_grad} {diffs[worst_grad]:.2e} ({rels[worst_grad]:.1e}), "
-                  f"max abs over grads {max(diffs[k] for k in ref if k != 'y'):.2e}")
-    print(f"\nmedian of per-case IQR/median: {statistics.median(iqr / ms for *_, ms, iqr in rows):.2f} "
+    write_rows(csv_path, [{**row, "dtype": "fp32", "num_threads": args.num_threads, "channels": args.channels,
+                           "d_state": args.d_state, "batch": args.batch, **prov} for row in rows])
+    stepped = {(r["length"], r["pass"]): r["median_ms"] for r in rows if r["implementation"] == "torch_stream (op)"}
+    print(f"| {'L':>6} | {'implementation':<30} | {'pass':<7} | {'median ms':>9} | {'IQR ms':>7} | "
+          f"{'vs torch_stream':>15} | {'max rel err vs float64':>22} |")
+    print(f"|{'-' * 8}|{'-' * 32}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 17}|{'-' * 24}|")
+    for r in rows:
+        base = stepped.get((r["length"], r["pass"]))
+        speedup = f"{base / r['median_ms']:.1f}x" if base else "n/a"
+        err = "skipped" if args.skip_float64 else f"{r['max_rel_err_vs_float64']:.1e}"
+        print(f"| {r['length']:>6} | {r['implementation']:<30} | {r['pass']:<7} | {r['median_ms']:9.1f} | "
+              f"{r['iqr_ms']:7.1f} | {speedup:>15} | {err:>22} |")
+    print("\nmax rel err: the largest of max |a - ref| / max |ref| over y and the gradient of every input, against "
+          "the float64 reference loop")
+    print(f"median of per-case IQR/median: {statistics.median(r['iqr_ms'] / r['median_ms'] for r in rows):.2f} "
           "(CPU timings on shared machines are noisy; compare ratios within one run)")
     print(f"rows: {csv_path}")
 

@@ -2,7 +2,7 @@
 
 fvcore counts MACs but silently skips `scaled_dot_product_attention` and cannot see inside custom ops, and it
 counts norms, which our convention does not: it gets handles for all three. torch's FlopCounterMode counts FLOPs
-(2 per MAC), sees SDPA, and counts custom ops by formulas registered with the op (mixers/selective_scan.py).
+(2 per MAC), sees SDPA, and counts custom ops by formulas registered with the op (mixers/ops/selective_scan/).
 Convention (results/README.md): matmul-like work only (linear, matmul, bmm, conv, attention's QK^T and AV, the
 selective scan by its formula); softmax, norms and element-wise ops are not counted.
 """

@@ -53,7 +53,7 @@ def unrolled_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, del
                   delta_softplus: bool = True) -> Tensor:
     """The selective scan as a matrix per channel: ``y_core[:, d] = alpha_d @ u[:, d]``, in float64.
 
-    Arguments as `mixers.selective_scan.selective_scan_reference`, whose output without ``D`` and ``z`` is
+    Arguments as `mixers.ops.selective_scan.selective_scan_reference`, whose output without ``D`` and ``z`` is
     ``einsum("bdij,bdj->bdi", alpha, u)``.
 
     Returns:

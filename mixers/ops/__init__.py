@@ -1,4 +1,8 @@
 """Kernels that mixers share, one folder per op with its reference beside its fast form (fla's layout):
 `ops/<op>/naive.py` is the recurrence as the paper writes it (the tests' independent reference) and
-`ops/<op>/chunk.py` the chunked form the mixers run. The selective scan predates this folder and stays in
-`mixers/selective_scan.py`."""
+`ops/<op>/chunk.py` the chunked form the mixers run.
+
+- `gla/`: gated linear attention (`naive.py` the recurrence, `chunk.py` the chunked form).
+- `selective_scan/`: Mamba's selective scan (`naive.py` the float64 reference and an autograd loop, `stream.py`
+  the PyTorch custom op with a hand-written backward, `triton_scan.py` the Triton kernels, `__init__.py` the
+  dispatch `selective_scan` and `resolve_scan_impl`)."""

@@ -2,7 +2,7 @@
 
 `pip install mamba-ssm` first tries to download a prebuilt wheel (a wait on a machine without internet), then
 compiles every kernel of the package for each of the nine architectures its setup.py lists. The suite calls
-only `selective_scan_fn` (mixers/selective_scan.py, impl `mamba_ssm_cuda`), whose kernels are the ten files of
+only `selective_scan_fn` (mixers/ops/selective_scan/, impl `mamba_ssm_cuda`), whose kernels are the ten files of
 csrc/selective_scan. This compiles those, for one architecture by default (the GPU's own), with the flags of
 mamba-ssm's setup.py, through torch's extension builder (ninja, MAX_JOBS jobs at a time):
 

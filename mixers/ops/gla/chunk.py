@@ -7,10 +7,10 @@ reads
     o_i = scale * ( sum_{j <= i} (q_i * exp(b_i - b_j)) . k_j  v_j       (inside the chunk)
                     + (q_i * exp(b_i)) S_prev )                          (the state the chunk starts from)
 
-and the chunk hands on S = diag(exp(b_T)) S_prev + sum_j (k_j * exp(b_T - b_j)) v_j^T. Every exponent is <= 0 for
-gates <= 0, so nothing overflows, unlike the `q exp(b)`, `k exp(-b)` factorisation, whose exp(-b) grows with the
-chunk. The price: the intra-chunk scores are a batched matmul of each query with its own decayed keys, a
-`(T, T, K)` tensor per chunk; fla pays the same only inside its 16-step sub-chunks, hence the default T = 16.
+and the chunk hands on S = diag(exp(b_T)) S_prev + sum_j (k_j * exp(b_T - b_j)) v_j^T. The intra-chunk scores use
+the `q exp(b)`, `k exp(-b)` factorisation (one matmul per chunk, as fla's sub-chunks) only while every |b| within a
+chunk is small enough that exp(-b) cannot overflow; with stronger decays they take the relative form, whose
+exponents are all <= 0, at the price of a `(T, T, K)` tensor per chunk (see `_intra_chunk_scores`).
 """
 from __future__ import annotations
 
@@ -35,6 +35,29 @@ def chunk_gla_macs(heads: int, length: int, key_dim: int, value_dim: int, chunk_
     """
     padded = math.ceil(length / chunk_size) * chunk_size
     return heads * padded * (chunk_size * (key_dim + value_dim) + 2 * key_dim * value_dim)
+
+
+# The largest |b| (log decay within a chunk) at which the factorised intra-chunk form is used: exp(+-30) ~ 1e13
+# keeps both factors far inside float32's range (1e38) and its normal numbers (1e-38); float64 reaches further.
+_FACTORISED_LOG_DECAY_LIMIT = {torch.float32: 30.0, torch.float64: 300.0}
+
+
+def _intra_chunk_scores(q: Tensor, k: Tensor, b: Tensor, compute: torch.dtype) -> Tensor:
+    """Scores of query i against key j <= i inside each chunk, q_i . (k_j * exp(b_i - b_j)), (B, H, n, T, T).
+
+    Where every chunk's log decay stays within `_FACTORISED_LOG_DECAY_LIMIT` (the usual case: gates are
+    logsigmoid / 16 by default) this is one batched matmul, (q exp(b)) (k exp(-b))^T, masked: T K work per step as
+    `chunk_gla_macs` counts. Otherwise (decays strong enough that exp(-b) could overflow) it takes the exact
+    relative form, exp(b_i - b_j) per (i, j, K): T x more element-wise work, every exponent <= 0.
+    """
+    T = q.shape[-2]
+    later = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T_i, T_j): j > i
+    if -b.amin() <= _FACTORISED_LOG_DECAY_LIMIT[compute]:
+        scores = (q * b.exp()) @ (k * (-b).exp()).transpose(-1, -2)  # (B, H, n, T_i, T_j)
+        return scores.masked_fill(later, 0.0)
+    rel = (b[..., :, None, :] - b[..., None, :, :]).masked_fill(later[:, :, None], float("-inf"))  # (.., T, T, K)
+    k_rel = k[..., None, :, :] * rel.exp()  # (B, H, n, T_i, T_j, K)
+    return (q[..., :, None, :] @ k_rel.transpose(-1, -2)).squeeze(-2)  # (B, H, n, T_i, T_j)
 
 
 def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float | None = None, chunk_size: int = 16,
@@ -67,12 +90,7 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float | None = 
     q = q * scale
     b = g.cumsum(dim=-2)  # (B, H, n, T, K): log decay from the chunk start through step t
 
-    # Inside each chunk: query i against key j <= i decayed by exp(b_i - b_j).
-    later = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T_i, T_j): j > i
-    rel = (b[..., :, None, :] - b[..., None, :, :]).masked_fill(later[:, :, None], float("-inf"))  # (.., T, T, K)
-    k_rel = k[..., None, :, :] * rel.exp()  # (B, H, n, T_i, T_j, K)
-    scores = (q[..., :, None, :] @ k_rel.transpose(-1, -2)).squeeze(-2)  # (B, H, n, T_i, T_j)
-    out = scores @ v  # (B, H, n, T, V)
+    out = _intra_chunk_scores(q, k, b, compute) @ v  # (B, H, n, T, V)
 
     # Across chunks: what each chunk adds to the state, then the state each chunk starts from.
     b_last = b[..., -1:, :]  # (B, H, n, 1, K)

@@ -1,6 +1,6 @@
 """The selective scan of Mamba (S6) as Triton kernels on mamba-ssm's CUDA design (`triton`).
 
-Same semantics and shapes as `mixers.selective_scan` (mamba-ssm's `selective_scan_fn` with one group of variable
+Same semantics and shapes as `mixers.ops.selective_scan` (mamba-ssm's `selective_scan_fn` with one group of variable
 B and C), plus `reverse`: scan the sequence from its last step to its first and write y in the original order,
 which is what the backward direction of Vision Mamba needs without flipping anything.
 
