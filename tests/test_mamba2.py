@@ -1,5 +1,6 @@
-"""Mamba-2's SSD: the chunked form against the step-by-step recurrence, and the Hydra-style bidirectional mixer
-against references written out with that recurrence and as Hydra's quasiseparable matrix, entry by entry."""
+"""Mamba-2's SSD: the chunked form and the one-matrix form against the step-by-step recurrence, Hydra's
+quasiseparable matrix against its definition entry by entry, and the Hydra-style bidirectional mixer against
+references written out with that recurrence and as that matrix."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from mixers import create_mixer
 from mixers.mamba2 import HydraMixer
-from mixers.ops.ssd import chunk_ssd, decay_matrix, naive_ssd, segsum
+from mixers.ops.ssd import chunk_ssd, decay_matrix, hydra_matrix, naive_ssd, segsum, ssd_matrix
 
 DIM, HEADS = 16, 2
 
@@ -76,14 +77,53 @@ def test_chunk_keeps_half_precision_inputs_dtype() -> None:
     assert chunk_ssd(*tensors, chunk_size=4).dtype == torch.bfloat16
 
 
+def test_ssd_matrix_applied_to_x_is_the_recurrence() -> None:
+    x, a, b, c = (t.detach() for t in inputs(2, 13, 3, 5, 4))
+    y = torch.einsum("zhij,zjhp->zihp", ssd_matrix(a, b, c), x)
+    # float64 both ways, the same terms summed in another order: ~1e-15 relative.
+    torch.testing.assert_close(y, naive_ssd(x, a, b, c), rtol=1e-10, atol=1e-12)
+
+
+def quasiseparable_entries(A: torch.Tensor, diagonal: torch.Tensor, dt_f: torch.Tensor, B_f: torch.Tensor,
+                           C_f: torch.Tensor, dt_b: torch.Tensor, B_b: torch.Tensor, C_b: torch.Tensor) -> torch.Tensor:
+    """Hydra's quasiseparable matrix (B, H, L_t, L_s) entry by entry, with no recurrence and no flip: below the
+    diagonal (c_{t-1} . b_s) exp(a_{s+1} + ... + a_{t-1}) dt_s of the forward maps, above it (c_{t+1} . b_s)
+    exp(a_{t+1} + ... + a_{s-1}) dt_s of the backward maps, on it the diagonal weight; a = dt A."""
+    batch, length, H = dt_f.shape
+    a_f, a_b = dt_f * A, dt_b * A  # (B, L, H)
+    matrix = torch.zeros(batch, H, length, length, dtype=dt_f.dtype)  # (B, H, L_t, L_s)
+    for t in range(length):
+        matrix[:, :, t, t] = diagonal[:, t]
+        for s in range(t):
+            decay = a_f[:, s + 1 : t].sum(1).exp()  # (B, H), 1 for s = t - 1
+            matrix[:, :, t, s] = (C_f[:, t - 1] * B_f[:, s]).sum(-1)[:, None] * decay * dt_f[:, s]
+        for s in range(t + 1, length):
+            decay = a_b[:, t + 1 : s].sum(1).exp()  # (B, H)
+            matrix[:, :, t, s] = (C_b[:, t + 1] * B_b[:, s]).sum(-1)[:, None] * decay * dt_b[:, s]
+    return matrix
+
+
+@pytest.mark.parametrize("length", [1, 2, 9])
+def test_hydra_matrix_is_its_definition_entry_by_entry(length: int) -> None:
+    batch, H, N = 2, 3, 4
+    A = -torch.rand(H, dtype=torch.float64) * 2
+    diagonal = torch.randn(batch, length, H, dtype=torch.float64)
+    dt_f, dt_b = F.softplus(torch.randn(2, batch, length, H, dtype=torch.float64))
+    B_f, C_f, B_b, C_b = torch.randn(4, batch, length, N, dtype=torch.float64)
+    parts = hydra_matrix(A, diagonal, dt_f, B_f, C_f, dt_b, B_b, C_b)
+    assert torch.equal(parts.forward, parts.forward.tril(-1)) and torch.equal(parts.backward, parts.backward.triu(1))
+    # float64 both ways; segment sums added in another order: ~1e-15 relative.
+    torch.testing.assert_close(parts.whole(), quasiseparable_entries(A, diagonal, dt_f, B_f, C_f, dt_b, B_b, C_b),
+                               rtol=1e-12, atol=1e-14)
+
+
 def hydra_reference(m: HydraMixer, x: torch.Tensor, form: str = "recurrence") -> torch.Tensor:
     """The mixer written out independently of its code.
 
     `recurrence`: each direction a causal SSD (`naive_ssd`) shifted one token, the backward one on the reversed
-    sequence, plus the per-head diagonal. `matrix`: Hydra's quasiseparable matrix built entry by entry, with no
-    recurrence and no flip: below the diagonal (c_{t-1} . b_s) exp(a_{s+1} + ... + a_{t-1}) dt_s of the forward
-    maps, above it (c_{t+1} . b_s) exp(a_{t+1} + ... + a_{s-1}) dt_s of the backward maps, on it fc_D(x_t) + D.
-    Then RMSNorm, times silu(z), out_proj.
+    sequence, plus the per-head diagonal. `matrix`: Hydra's quasiseparable matrix (`hydra_matrix`, checked entry
+    by entry against its definition by `test_hydra_matrix_is_its_definition_entry_by_entry`) times u, with no
+    recurrence. Then RMSNorm, times silu(z), out_proj.
     """
     d_inner, N, H = m.d_inner, m.d_state, m.nheads
     projected = m.in_proj(x)
@@ -105,17 +145,7 @@ def hydra_reference(m: HydraMixer, x: torch.Tensor, form: str = "recurrence") ->
         backward = shifted_ssd(u_heads.flip(1), B_b.flip(1), C_b.flip(1), dt_b.flip(1)).flip(1)
         y = forward + backward + u_heads * diagonal[..., None]
     else:
-        length = x.shape[1]
-        a_f, a_b = dt_f * A, dt_b * A  # (B, L, H)
-        matrix = torch.zeros(x.shape[0], H, length, length, dtype=x.dtype)  # (B, H, L_t, L_s)
-        for t in range(length):
-            matrix[:, :, t, t] = diagonal[:, t]
-            for s in range(t):
-                decay = a_f[:, s + 1 : t].sum(1).exp()  # (B, H), 1 for s = t - 1
-                matrix[:, :, t, s] = (C_f[:, t - 1] * B_f[:, s]).sum(-1)[:, None] * decay * dt_f[:, s]
-            for s in range(t + 1, length):
-                decay = a_b[:, t + 1 : s].sum(1).exp()  # (B, H)
-                matrix[:, :, t, s] = (C_b[:, t + 1] * B_b[:, s]).sum(-1)[:, None] * decay * dt_b[:, s]
+        matrix = hydra_matrix(A, diagonal, dt_f, B_f, C_f, dt_b, B_b, C_b).whole()  # (B, H, L, L)
         y = rearrange(matrix @ rearrange(u_heads, "b l h p -> b h l p"), "b h l p -> b l h p")
     y = rearrange(y, "b l h p -> b l (h p)")
     y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + m.norm_eps) * m.norm_weight * F.silu(z)
@@ -146,7 +176,8 @@ def test_mixer_matches_recurrence_forward_and_backward(grid: tuple[int, int], op
 
 @pytest.mark.parametrize("grid,options", [((1, 1), {}), ((2, 5), {"chunk_size": 3}), ((3, 3), {"d_state": 2})])
 def test_mixer_is_one_quasiseparable_matrix(grid: tuple[int, int], options: dict) -> None:
-    """Hydra's definition, entry by entry: checks the flips and one-token shifts against no flip and no recurrence."""
+    """Hydra's definition (the matrix checked entry by entry above): checks the mixer's flips, one-token shifts and
+    chunks against no recurrence."""
     mixer = create_mixer("mamba2", DIM, HEADS, **options).double()
     with torch.no_grad():
         for p in mixer.parameters():

@@ -154,11 +154,15 @@ def test_issue_36_bugs_stay_fixed(driver, app_url: str, tmp_path: Path) -> None:
     panels = driver.find_elements("css selector", "#panels .panel")
     assert len({p.get_attribute("data-vmax") for p in panels if p.get_attribute("data-family") != "gradient"}) == 1
     assert {p.get_attribute("data-scale") for p in panels} == {"log"}
-    # vmamba's and gla's own maps, their views labelled.
+    # vmamba's, gla's and mamba2's own maps, their views labelled.
     vmamba = driver.find_element("css selector", '#panels .panel[data-mixer="vmamba"]')
     assert vmamba.get_attribute("data-family") == "vmamba"
     assert [o.text for o in Select(vmamba.find_element("css selector", "select.view")).options][1] == "row-major scan"
     assert driver.find_element("css selector", '#panels .panel[data-mixer="gla"]').get_attribute("data-family") == "gla"
+    mamba2 = driver.find_element("css selector", '#panels .panel[data-mixer="mamba2"]')
+    assert mamba2.get_attribute("data-family") == "mamba2"
+    assert [o.text for o in Select(mamba2.find_element("css selector", "select.view")).options] == [
+        "forward + backward + diagonal", "forward", "backward", "diagonal"]
     # The number of heads is a control of its own; which head is another.
     Select(driver.find_element("id", "heads")).select_by_value("4")
     WebDriverWait(driver, 20).until(lambda d: d.find_element("id", "head").get_attribute("max") == "3")

@@ -12,7 +12,7 @@ from torch import nn
 from experiments.playground.mixing import (
     attention_matrix, conv_row, family_of, gradient_row, linear_matrix, mixing_rows, neighborhood_matrix, swin_matrix,
 )
-from experiments.playground.recurrences import gla_matrices, mamba_matrices, vmamba_matrices
+from experiments.playground.recurrences import gla_matrices, mamba2_matrices, mamba_matrices, vmamba_matrices
 from mixers import TokenMixer, create_mixer, list_mixers
 from mixers.ops.selective_scan import selective_scan_reference
 
@@ -252,12 +252,37 @@ def test_gla_two_directions_rebuild_the_whole_mixer() -> None:
     torch.testing.assert_close(y, mixer(x, grid), rtol=1e-9, atol=1e-11)
 
 
+def mamba2_away_from_init(**options: object) -> nn.Module:
+    """A mamba2 mixer off its init's symmetries (A = 1 and D = 1 for every head, unit norm weight), so that a head
+    or a part taken for another shows."""
+    mixer = mixer64("mamba2", **options)
+    for p in mixer.parameters():
+        p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=p.dtype) * 0.1)
+    return mixer
+
+
+@pytest.mark.parametrize("grid, options", [((3, 5), {"chunk_size": 4, "d_state": 3}),
+                                           ((4, 4), {"expand": 2, "headdim": 8, "d_conv": 5})])
+def test_mamba2_quasiseparable_matrix_rebuilds_the_whole_mixer(grid: tuple[int, int], options: dict) -> None:
+    mixer, x = mamba2_away_from_init(**options), tokens(grid)
+    parts, u = mamba2_matrices(mixer, x)
+    assert torch.equal(parts.forward, parts.forward.tril(-1)) and torch.equal(parts.backward, parts.backward.triu(1))
+    y = rearrange(parts.whole() @ u, "b h l p -> b l (h p)")  # (B, L, d_inner)
+    y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + mixer.norm_eps) * mixer.norm_weight
+    y = mixer.out_proj(y * F.silu(mixer.in_proj(x)[..., :mixer.d_inner]))
+    # float64 throughout (the mixer runs its SSD in float64 for float64 tokens, in chunks of 4 over 15 tokens in the
+    # first case): only the order of summation differs, ~1e-15 relative.
+    torch.testing.assert_close(y, mixer(x, grid), rtol=1e-9, atol=1e-11)
+
+
 @pytest.mark.parametrize("name, options", [("mamba", {"d_state": 4, "expand": 1}),
-                                           ("vmamba", {"d_state": 2, "expand": 1}), ("gla", {})])
+                                           ("vmamba", {"d_state": 2, "expand": 1}), ("gla", {}),
+                                           ("mamba2", {"chunk_size": 4})])
 def test_recurrence_rows_are_the_mean_magnitudes_of_the_tested_matrices(name: str, options: dict) -> None:
     """The rows the page draws (one row unrolled per click) against the whole matrices rebuilt above."""
     grid = (3, 4)
-    mixer, x = mixer64(name, **options), tokens(grid)
+    mixer = mamba2_away_from_init(**options) if name == "mamba2" else mixer64(name, **options)
+    x = tokens(grid)
     if name == "mamba":
         f, b = mamba_matrices(mixer, x)
         fwd, bwd = f.matrix[0].abs().mean(0), b.matrix[0].abs().mean(0)  # (L, L)
@@ -266,9 +291,13 @@ def test_recurrence_rows_are_the_mean_magnitudes_of_the_tested_matrices(name: st
         scans, _ = vmamba_matrices(mixer, x, grid)
         each = torch.stack([s.matrix[0].abs().mean(0) for s in scans])  # (4, L, L)
         expected = torch.cat([each.sum(0, keepdim=True), each])[None]  # (1, 5, L, L)
-    else:
+    elif name == "gla":
         f, b, _ = gla_matrices(mixer, x)
         expected = torch.stack([(f + b).abs(), f.abs(), b.abs()], dim=2)[0]  # (heads, 3, L, L)
+    else:
+        parts, _ = mamba2_matrices(mixer, x)
+        expected = torch.stack([parts.whole().abs(), parts.forward.abs(), parts.backward.abs(),
+                                torch.diag_embed(parts.diagonal).abs()], dim=2)[0]  # (heads, 4, L, L)
     for query in (0, 5, 11):  # float64 both ways: a row and the whole matrix differ only in summation order
         shown = mixing_rows(mixer, x, grid, query)
         assert shown.family == name and shown.heads == expected.shape[0]
@@ -277,7 +306,7 @@ def test_recurrence_rows_are_the_mean_magnitudes_of_the_tested_matrices(name: st
                                    rtol=1e-10, atol=1e-13)
 
 
-def test_vmamba_and_gla_views_are_labelled() -> None:
+def test_vmamba_gla_and_mamba2_views_are_labelled() -> None:
     grid = (4, 4)
     shown = mixing_rows(mixer64("vmamba"), tokens(grid), grid, 5)
     assert shown.map_names == ("all four scans", "row-major scan", "column-major scan", "row-major reversed",
@@ -285,3 +314,7 @@ def test_vmamba_and_gla_views_are_labelled() -> None:
     shown = mixing_rows(mixer64("gla"), tokens(grid), grid, 5)
     assert shown.map_names[:4] == ("head 0, both directions", "head 0, forward", "head 0, backward",
                                    "head 1, both directions")
+    shown = mixing_rows(mixer64("mamba2"), tokens(grid), grid, 5)
+    assert shown.family == "mamba2" and shown.heads == HEADS
+    assert shown.map_names[:5] == ("head 0, forward + backward + diagonal", "head 0, forward", "head 0, backward",
+                                   "head 0, diagonal", "head 1, forward + backward + diagonal")

@@ -9,8 +9,9 @@ that patch the query, and one panel per mixer shows its mixing row over the imag
 (attention, swin and neighborhood: softmax rows per head, with or without the 1/sqrt(d) scale; linear attention:
 its implicit normalised kernel matrix; mamba: the selective scan unrolled into its hidden-attention matrix, per
 direction; vmamba: each of its four scans unrolled; gla: each direction's gated linear attention matrix per head;
-any other mixer: the gradient of the output token with respect to the input tokens), beside the fixed 3 x 3
-neighbourhood of a convolution. The maps are computed in experiments/playground/mixing.py.
+mamba2: Hydra's quasiseparable matrix per head, whole or its forward, backward or diagonal part; any other mixer:
+the gradient of the output token with respect to the input tokens), beside the fixed 3 x 3 neighbourhood of a
+convolution. The maps are computed in experiments/playground/mixing.py.
 """
 from __future__ import annotations
 

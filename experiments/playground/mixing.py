@@ -13,8 +13,9 @@ of the mixer it represents (the tests rebuild the mixer's own output from it):
   zero outside it; the mixer returns ``proj(concat_h A_h v_h)``.
 - ``linear``: ``A_h[i, j] = phi(q_i) . phi(k_j) / (phi(q_i) . sum_j phi(k_j) + N eps)``, the mixer's own ``eps``
   included so that ``A_h v_h`` is the mixer's output before ``proj`` to round-off.
-- ``mamba``, ``vmamba``, ``gla``: their recurrences unrolled (`recurrences.py`): mamba's two scan directions,
-  vmamba's four scans, gla's two directions per head.
+- ``mamba``, ``vmamba``, ``gla``, ``mamba2``: their recurrences unrolled (`recurrences.py`): mamba's two scan
+  directions, vmamba's four scans, gla's two directions per head, mamba2's quasiseparable matrix per head (forward,
+  backward and diagonal parts).
 - any other registered mixer: the gradient fallback, ``||d y_i / d x_j||_F`` over the (C x C) channel block, the
   effective receptive field of one layer for output token i.
 
@@ -36,13 +37,15 @@ from mixers.attention import Attention
 from mixers.gla import BiGLA
 from mixers.linear import LinearAttention
 from mixers.mamba import VimMixer
+from mixers.mamba2 import HydraMixer
 from mixers.neighborhood import NeighborhoodAttention, clipped_kernel, neighbourhood_index
 from mixers.swin import SwinAttention, window_mask
 from mixers.vmamba import SS2D
 
-from .recurrences import VMAMBA_SCANS, gla_map_rows, mamba_map_rows, vmamba_map_rows
+from .recurrences import MAMBA2_PARTS, VMAMBA_SCANS, gla_map_rows, mamba2_map_rows, mamba_map_rows, vmamba_map_rows
 
-FAMILIES: tuple[str, ...] = ("attention", "swin", "neighborhood", "linear", "mamba", "vmamba", "gla", "gradient")
+FAMILIES: tuple[str, ...] = ("attention", "swin", "neighborhood", "linear", "mamba", "vmamba", "gla", "mamba2",
+                             "gradient")
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,8 @@ def map_names(heads: int, view_names: tuple[str, ...]) -> tuple[str, ...]:
 def family_of(mixer: nn.Module) -> str:
     """The mixing family of a mixer module; `gradient` for any mixer without an exact map."""
     for family, kind in (("swin", SwinAttention), ("attention", Attention), ("neighborhood", NeighborhoodAttention),
-                         ("linear", LinearAttention), ("mamba", VimMixer), ("vmamba", SS2D), ("gla", BiGLA)):
+                         ("linear", LinearAttention), ("mamba", VimMixer), ("vmamba", SS2D), ("gla", BiGLA),
+                         ("mamba2", HydraMixer)):
         if isinstance(mixer, kind):
             return family
     return "gradient"
@@ -327,6 +331,11 @@ def mixing_maps(mixer: nn.Module, x: Tensor, grid: Grid, *, scaled: bool = True)
             return MixingMaps(family, mixer.num_heads, ("both directions", "forward", "backward"),
                               "|scale q_t.(k_s * decay t<-s)| per head (both: the two directions summed, as the "
                               "mixer does); before the per-head RMSNorm and the output gate", gla_map_rows(mixer, x))
+        elif family == "mamba2":
+            return MixingMaps(family, mixer.nheads, MAMBA2_PARTS,
+                              "|Hydra's quasiseparable matrix| per head: forward SSD below the diagonal, backward "
+                              "above, fc_D(u) + D on it; without the conv before and the RMSNorm and silu(z) gate "
+                              "after", mamba2_map_rows(mixer, x))
         else:
             return None
         matrix = matrix[0]  # (heads, N, N)

@@ -1,4 +1,4 @@
-"""The linear recurrences among the mixers (mamba, vmamba, gla) unrolled into token-to-token matrices.
+"""The linear recurrences among the mixers (mamba, vmamba, gla, mamba2) unrolled into token-to-token matrices.
 
 Once the input of such a mixer is fixed, its recurrence maps a per-token quantity to a per-token output through a
 lower-triangular matrix in scan order (Ali et al. 2024, "The Hidden Attention of Mamba Models"; GLA's parallel
@@ -14,6 +14,10 @@ what they are applied to, so the tests rebuild each mixer's own output from them
 - ``gla`` (BiGLA): per head and direction ``A[t, s] = scale * sum_k q_t[k] k_s[k] exp(G_t[k] - G_s[k])`` for
   ``s <= t`` in scan order, ``G = cumsum(log forget gate)``, applied to ``v``; the directions are summed, then
   the per-head RMSNorm, the swish output gate and ``o_proj``.
+- ``mamba2`` (Hydra on SSD): per head, Hydra's quasiseparable matrix (`mixers.ops.ssd.hydra_matrix`): the forward
+  SSD shifted one token below the diagonal, the backward one shifted one token above it, ``fc_D(u) + D`` on it;
+  applied to ``u`` (after the centred depthwise conv and silu), the same weight for every channel of the head;
+  then the RMSNorm over the inner width, the ``silu(z)`` gate and ``out_proj``.
 """
 from __future__ import annotations
 
@@ -28,9 +32,12 @@ from torch import Tensor, nn
 from mixers import Grid
 from mixers.gla import BiGLA
 from mixers.mamba import VimMixer
+from mixers.mamba2 import HydraMixer
+from mixers.ops.ssd import HydraMatrix, hydra_matrix
 from mixers.vmamba import SS2D, cross_scan
 
 VMAMBA_SCANS: tuple[str, ...] = ("row-major scan", "column-major scan", "row-major reversed", "column-major reversed")
+MAMBA2_PARTS: tuple[str, ...] = ("forward + backward + diagonal", "forward", "backward", "diagonal")
 
 
 class ScanDirection(NamedTuple):
@@ -292,6 +299,40 @@ def gla_map_rows(mixer: BiGLA, x: Tensor) -> Callable[[int], Tensor]:
     return rows
 
 
+def mamba2_matrices(mixer: HydraMixer, x: Tensor) -> tuple[HydraMatrix, Tensor]:
+    """A Hydra mixer's quasiseparable matrix per head, in its three parts, and what it is applied to.
+
+    The mixer's output is ``out_proj(rmsnorm(concat_h (Q_h @ u_h)) * silu(z))`` with ``Q = parts.whole()``, the
+    RMSNorm over the inner width (all heads together).
+
+    Args:
+        mixer: a `mamba2` module.
+        x: its input tokens (B, N, C).
+
+    Returns:
+        (`HydraMatrix` in float64, forward and backward (B, heads, N, N), diagonal (B, heads, N); u (B, heads, N,
+        headdim) float64, the conv's output split into heads).
+    """
+    d_inner, n, heads = mixer.d_inner, mixer.d_state, mixer.nheads
+    _, xbc, dt = torch.split(mixer.in_proj(x), [d_inner, d_inner + 4 * n, 2 * heads], dim=-1)
+    xbc = rearrange(F.silu(mixer.conv1d(rearrange(xbc, "b l d -> b d l"))), "b d l -> b l d").double()
+    u, b_fwd, c_fwd, b_bwd, c_bwd = torch.split(xbc, [d_inner, n, n, n, n], dim=-1)  # (B, L, d_inner), (B, L, N)
+    dt_fwd, dt_bwd = (F.softplus(d.double() + mixer.dt_bias.double()) for d in dt.chunk(2, dim=-1))  # (B, L, heads)
+    diagonal = F.linear(u, mixer.fc_D.weight.double(), mixer.D.double())  # (B, L, heads)
+    parts = hydra_matrix(-torch.exp(mixer.A_log.double()), diagonal, dt_fwd, b_fwd, c_fwd, dt_bwd, b_bwd, c_bwd)
+    return parts, rearrange(u, "b l (h p) -> b h l p", h=heads)  # u: (B, heads, L, headdim)
+
+
+def mamba2_map_rows(mixer: HydraMixer, x: Tensor) -> Callable[[int], Tensor]:
+    """Query -> (heads, 4, N): per head ``|Q|`` (the three parts together, as the mixer applies them), then the
+    forward, backward and diagonal parts alone (`MAMBA2_PARTS`), one row of `mamba2_matrices`' matrices. The whole
+    matrices are formed once (heads x N^2 entries, as attention's), each call reads a row."""
+    parts, _ = mamba2_matrices(mixer, x)
+    each = torch.stack([parts.forward[0], parts.backward[0], torch.diag_embed(parts.diagonal[0])], dim=1)
+    maps = torch.cat([each.sum(1, keepdim=True), each], dim=1).abs()  # (heads, 4, N, N)
+    return lambda query: maps[:, :, query]
+
+
 def is_recurrence(mixer: nn.Module) -> bool:
     """Whether `mixer` is one of the recurrences this module unrolls."""
-    return isinstance(mixer, (VimMixer, SS2D, BiGLA))
+    return isinstance(mixer, (VimMixer, SS2D, BiGLA, HydraMixer))
