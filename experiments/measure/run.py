@@ -44,6 +44,43 @@ OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory
 LIMIT_OOM_MARKERS = ("could not create a primitive", "resource temporarily unavailable", "can't start new thread")
 
 
+class CompileFailed(RuntimeError):
+    """`torch.compile` could not compile the point's model (a bad mode, a backend or C++ compiler error): the row
+    is status error with a message that says so, never an eager timing under a compiled key."""
+
+
+def compile_model(model: nn.Module, mode: str) -> nn.Module:
+    """`torch.compile(model, mode=mode)`, with a refused mode reported as a compile failure.
+
+    Compilation itself is lazy: it happens at the first call, which `compiled_first_call` makes outside timing.
+    """
+    try:
+        return torch.compile(model, mode=mode)
+    except Exception as error:  # noqa: BLE001 - whatever torch.compile raises, the point's compile failed
+        raise CompileFailed(f"torch.compile failed (mode={mode}): {type(error).__name__}: {error}") from error
+
+
+def compiled_first_call(call: Callable[[], object], point: Point) -> None:
+    """For a compiled point, runs `call` once untimed, so compilation stays out of the timed samples whatever the
+    protocol's warm-up count (0 in quick runs); an error dynamo or inductor raises there is a compile failure.
+
+    Eager points return at once: their warm-up is the protocol's.
+    """
+    if not point.compile:
+        return
+    from torch._dynamo.exc import TorchDynamoException  # loaded only where compilation runs
+
+    try:
+        call()
+    except TorchDynamoException as error:
+        if is_out_of_memory(error, bool(point.memory_limit_mb)):
+            raise
+        # BackendCompilerFailed's own first line is only "backend='inductor' raised:"; the cause says what failed
+        cause = getattr(error, "inner_exception", None) or error
+        first = f"{type(cause).__name__}: {cause}".strip().splitlines()[0]
+        raise CompileFailed(f"torch.compile failed (mode={point.compile}): {first}") from error
+
+
 def is_out_of_memory(error: BaseException, memory_limited: bool = False) -> bool:
     """CUDA's OutOfMemoryError, or the CPU allocator's / Python's refusal to allocate.
 
@@ -126,6 +163,7 @@ def measure_inference(model: ViT, point: Point, dtype: torch.dtype, device: torc
         with torch.inference_mode():
             model(x)
 
+    compiled_first_call(forward, point)
     timed = graphed.capture(forward, device) if point.timing_mode == "graphed" else forward
     timing = time_call(timed, device, point.timing)
     memory = peak_memory(forward, device)
@@ -180,6 +218,7 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
         replay = graphed.capture(forward_backward, device, warmup=step)
         timing = time_call(replay, device, point.timing)
     else:
+        compiled_first_call(step, point)  # training mode compiles a graph of its own (forward and backward)
         timing = time_call(step, device, point.timing)  # warm-up also creates the optimizer state
     memory = peak_memory(step, device)
     return {
@@ -365,8 +404,8 @@ def measure_point(point: Point) -> dict[str, object]:
         row["flops_counted"] = count_on_meta(point, model.in_chans, model.num_classes)
         if point.measure_train_step:
             row["train_flops_counted"] = count_train_on_meta(point, model.in_chans, model.num_classes)
-        # A compiled module wraps the model and shares its parameters; warm-up calls absorb the compilation.
-        timed = torch.compile(model, mode=point.compile) if point.compile else model
+        # A compiled module wraps the model and shares its parameters; an untimed first call absorbs compilation.
+        timed = compile_model(model, point.compile) if point.compile else model
         row.update(_at_batch(measure_inference, timed, point, dtype, device))
         if point.measure_train_step:
             train_oom = _train_step_or_oom(timed, point, dtype, device, row)
