@@ -3,6 +3,7 @@ a compile that fails is an error row that says so, one that runs past the point'
 compiled training trains."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import experiments.measure.run as run
+from experiments.measure.compiled import CACHE_VARIABLE, point_cache_dir
 from experiments.measure.point import Point
 from experiments.measure.run import measure_point
 from experiments.measure.timing import TimingProtocol
@@ -35,9 +37,8 @@ def graphs_compiled() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def test_compiled_point_compiles_before_timing_starts(monkeypatch) -> None:
-    """With no warm-up at all, every graph is compiled before the first timed call, in inference and in the
-    training step (its own graph, forward and backward): the latency is the compiled model's, not compilation's."""
+def spy_on_timing(monkeypatch) -> list[int]:
+    """The number of graphs compiled so far, each time a measurement starts timing."""
     torch._dynamo.reset()
     at_timing: list[int] = []
     time_call = run.time_call
@@ -47,20 +48,40 @@ def test_compiled_point_compiles_before_timing_starts(monkeypatch) -> None:
         return time_call(fn, device, protocol)
 
     monkeypatch.setattr(run, "time_call", spy)
+    return at_timing
+
+
+def test_compiled_point_compiles_before_timing_starts(monkeypatch) -> None:
+    """With no warm-up at all, the graph is compiled before the first timed call: the latency is the compiled
+    model's, not compilation's."""
+    at_timing = spy_on_timing(monkeypatch)
+    cache_before = os.environ.get(CACHE_VARIABLE)
+    row = measure_point(compiled_point())
+    assert row["status"] == "ok", row["error"]
+    assert row["latency_ms"] > 0 and row["impl"]
+    assert at_timing == [graphs_compiled()] and at_timing[0] > 0  # compiled before timing, nothing while timing
+    # the point compiled into a cache of its own, removed after it
+    assert os.environ.get(CACHE_VARIABLE) == cache_before and not point_cache_dir(os.getpid()).exists()
+
+
+@pytest.mark.slow  # compiles the training graph (forward and backward) too: about a minute on a busy 2-core machine
+def test_compiled_training_step_compiles_before_timing_starts(monkeypatch) -> None:
+    """The training step's own graph (train mode, with backward) is compiled before its timing starts too."""
+    at_timing = spy_on_timing(monkeypatch)
     row = measure_point(compiled_point(measure_train_step=True))
     assert row["status"] == "ok", row["error"]
-    assert row["latency_ms"] > 0 and row["train_step_ms"] > 0 and row["train_status"] == "ok"
-    assert len(at_timing) == 2 and 0 < at_timing[0] < at_timing[1]  # inference compiled, then the training graph
-    assert at_timing[1] == graphs_compiled()  # nothing compiled while timing
+    assert row["train_step_ms"] > 0 and row["train_status"] == "ok"
+    assert len(at_timing) == 2 and 0 < at_timing[0] < at_timing[1] == graphs_compiled()
 
 
+@pytest.mark.slow  # the sweep checks compile works, then the point compiles in a fresh worker: over a minute busy
 def test_compiled_sweep_row_says_the_mode(tmp_path: Path) -> None:
     """Through the sweep (isolated worker): the row is ok and keyed compile = default, beside nothing eager."""
     config, out = write_config(tmp_path, tiny_config(["attention"], [16])), tmp_path / "out"
     assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--compile", "default"]) == 0
     rows = read_rows(out / "runs.csv")
     assert [(r["mixer"], r["compile"], r["status"]) for r in rows] == [("attention", "default", "ok")], rows
-    assert float(rows[0]["latency_ms"]) > 0
+    assert float(rows[0]["latency_ms"]) > 0 and float(rows[0]["mfu"]) > 0  # MFU against the measured CPU peak
 
 
 def test_compile_refused_is_an_error_row(monkeypatch) -> None:
@@ -97,10 +118,13 @@ def test_backend_failing_at_the_first_call_is_an_error_row(monkeypatch) -> None:
 
 
 def _compile_hangs(point: Point) -> dict:
-    """The point, in its worker, with an inductor that never finishes compiling."""
+    """The point, in its worker, with an inductor that starts writing a kernel to its cache and never finishes."""
     import torch._inductor.compile_fx as compile_fx
 
     def hang(*args, **kwargs):
+        cache = Path(os.environ[CACHE_VARIABLE])
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / "kernel.so").write_bytes(b"")  # what a kill mid-write leaves: a truncated shared object
         time.sleep(600)
 
     compile_fx.compile_fx = hang
@@ -108,11 +132,14 @@ def _compile_hangs(point: Point) -> dict:
 
 
 def test_compile_past_the_time_limit_is_a_timeout_row() -> None:
+    """A timeout row, and the killed point's half-written inductor cache is removed, so no later point loads it."""
+    caches = set(Path(point_cache_dir(0)).parent.glob("mixerbench-inductor-*"))
     started = time.perf_counter()
     # 10 s: the worker builds the model and traces it within that even on a busy machine; compiling never ends
     row = run_isolated(_compile_hangs, compiled_point(), timeout_s=10)
     assert row["status"] == "timeout" and "no result within 10 s" in row["error"]
     assert time.perf_counter() - started < 60
+    assert set(Path(point_cache_dir(0)).parent.glob("mixerbench-inductor-*")) <= caches
 
 
 def test_training_compiles_only_with_the_device_trainer() -> None:

@@ -21,6 +21,7 @@ from models import ViT, create_vit
 
 from ..schema import MAX_BATCH
 from . import graphed
+from .compiled import compile_model, compiled_first_call, own_inductor_cache
 from .counting import flop_counter_flops, flop_counter_train_flops, fvcore_macs
 from .memory import MiB, peak_memory
 from .point import Point
@@ -42,43 +43,6 @@ OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory
 # start new thread"). Without a cap these mean a real fault (an unsupported shape, a process limit), so they are
 # read as out of memory only when the point ran under one.
 LIMIT_OOM_MARKERS = ("could not create a primitive", "resource temporarily unavailable", "can't start new thread")
-
-
-class CompileFailed(RuntimeError):
-    """`torch.compile` could not compile the point's model (a bad mode, a backend or C++ compiler error): the row
-    is status error with a message that says so, never an eager timing under a compiled key."""
-
-
-def compile_model(model: nn.Module, mode: str) -> nn.Module:
-    """`torch.compile(model, mode=mode)`, with a refused mode reported as a compile failure.
-
-    Compilation itself is lazy: it happens at the first call, which `compiled_first_call` makes outside timing.
-    """
-    try:
-        return torch.compile(model, mode=mode)
-    except Exception as error:  # noqa: BLE001 - whatever torch.compile raises, the point's compile failed
-        raise CompileFailed(f"torch.compile failed (mode={mode}): {type(error).__name__}: {error}") from error
-
-
-def compiled_first_call(call: Callable[[], object], point: Point) -> None:
-    """For a compiled point, runs `call` once untimed, so compilation stays out of the timed samples whatever the
-    protocol's warm-up count (0 in quick runs); an error dynamo or inductor raises there is a compile failure.
-
-    Eager points return at once: their warm-up is the protocol's.
-    """
-    if not point.compile:
-        return
-    from torch._dynamo.exc import TorchDynamoException  # loaded only where compilation runs
-
-    try:
-        call()
-    except TorchDynamoException as error:
-        if is_out_of_memory(error, bool(point.memory_limit_mb)):
-            raise
-        # BackendCompilerFailed's own first line is only "backend='inductor' raised:"; the cause says what failed
-        cause = getattr(error, "inner_exception", None) or error
-        first = f"{type(cause).__name__}: {cause}".strip().splitlines()[0]
-        raise CompileFailed(f"torch.compile failed (mode={point.compile}): {first}") from error
 
 
 def is_out_of_memory(error: BaseException, memory_limited: bool = False) -> bool:
@@ -163,7 +127,7 @@ def measure_inference(model: ViT, point: Point, dtype: torch.dtype, device: torc
         with torch.inference_mode():
             model(x)
 
-    compiled_first_call(forward, point)
+    compiled_first_call(forward, point, lambda error: is_out_of_memory(error, bool(point.memory_limit_mb)))
     timed = graphed.capture(forward, device) if point.timing_mode == "graphed" else forward
     timing = time_call(timed, device, point.timing)
     memory = peak_memory(forward, device)
@@ -218,7 +182,8 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
         replay = graphed.capture(forward_backward, device, warmup=step)
         timing = time_call(replay, device, point.timing)
     else:
-        compiled_first_call(step, point)  # training mode compiles a graph of its own (forward and backward)
+        # training mode compiles a graph of its own (forward and backward)
+        compiled_first_call(step, point, lambda error: is_out_of_memory(error, bool(point.memory_limit_mb)))
         timing = time_call(step, device, point.timing)  # warm-up also creates the optimizer state
     memory = peak_memory(step, device)
     return {
@@ -389,7 +354,15 @@ def _inject_fault(point: Point) -> None:
 
 
 def measure_point(point: Point) -> dict[str, object]:
-    """Produces the row for `point`; never raises for a failure of the point itself (it becomes the status)."""
+    """Produces the row for `point`; never raises for a failure of the point itself (it becomes the status).
+
+    A compiled point compiles into an inductor cache of its own (experiments/measure/compiled.py says why).
+    """
+    with own_inductor_cache() if point.compile else nullcontext():
+        return _measure_point(point)
+
+
+def _measure_point(point: Point) -> dict[str, object]:
     started = time.perf_counter()
     if point.num_threads:
         torch.set_num_threads(point.num_threads)
