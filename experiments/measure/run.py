@@ -20,6 +20,7 @@ from models import ViT, create_vit
 
 from ..schema import MAX_BATCH
 from . import graphed
+from .compiled import compile_model, compiled_first_call, own_inductor_cache
 from .counting import flop_counter_flops, flop_counter_train_flops, fvcore_macs
 from .memory import MiB, PeakMemory, peak_memory
 from .oom import is_out_of_memory
@@ -100,6 +101,7 @@ def measure_inference(model: ViT, point: Point, dtype: torch.dtype, device: torc
         with torch.inference_mode():
             model(x)
 
+    compiled_first_call(forward, point, lambda error: is_out_of_memory(error, bool(point.memory_limit_mb)))
     timing = _time_in_mode(forward, point, device)
     memory, note = _memory_after_timing(forward, point, device)
     result: dict[str, object] = {
@@ -199,6 +201,8 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
         timing = _time_in_mode(forward_backward, point, device, warmup=step,
                                before_capture=lambda: optimizer.zero_grad(set_to_none=True))
     else:
+        # training mode compiles a graph of its own (forward and backward)
+        compiled_first_call(step, point, lambda error: is_out_of_memory(error, bool(point.memory_limit_mb)))
         timing = _time_in_mode(step, point, device)  # warm-up also creates the optimizer state
     memory, note = _memory_after_timing(step, point, device)
     return {
@@ -379,7 +383,15 @@ def _inject_fault(point: Point) -> None:
 
 
 def measure_point(point: Point) -> dict[str, object]:
-    """Produces the row for `point`; never raises for a failure of the point itself (it becomes the status)."""
+    """Produces the row for `point`; never raises for a failure of the point itself (it becomes the status).
+
+    A compiled point compiles into an inductor cache of its own (experiments/measure/compiled.py says why).
+    """
+    with own_inductor_cache() if point.compile else nullcontext():
+        return _measure_point(point)
+
+
+def _measure_point(point: Point) -> dict[str, object]:
     started = time.perf_counter()
     if point.num_threads:
         torch.set_num_threads(point.num_threads)
@@ -394,8 +406,8 @@ def measure_point(point: Point) -> dict[str, object]:
         row["flops_counted"] = count_on_meta(point, model.in_chans, model.num_classes)
         if point.measure_train_step:
             row["train_flops_counted"] = count_train_on_meta(point, model.in_chans, model.num_classes)
-        # A compiled module wraps the model and shares its parameters; warm-up calls absorb the compilation.
-        timed = torch.compile(model, mode=point.compile) if point.compile else model
+        # A compiled module wraps the model and shares its parameters; an untimed first call absorbs compilation.
+        timed = compile_model(model, point.compile) if point.compile else model
         _merge_result(row, _at_batch(measure_inference, timed, point, dtype, device))
         if point.measure_train_step:
             train_oom = _train_step_or_oom(timed, point, dtype, device, row)

@@ -401,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dry_run:
             check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
             check_clean_tree(config.out_dir, args.allow_dirty)
-        read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running anything
+        done_rows = read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running
+        check_thread_counts(points, done_rows, config.out_dir)
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")
     except (ConfigError, RunsFileError, DatasetError, OutDirError) as error:
@@ -439,6 +440,24 @@ def check_threads(points: list[Point]) -> None:
         p = side_by_side
         raise ConfigError(f"parallel {p.parallel} x num_threads {p.num_threads} is more than the {cpus} CPUs this "
                           f"process may use; give parallel x num_threads <= {cpus}")
+
+
+def check_thread_counts(points: list[Point], rows: list[dict[str, str]], out_dir: Path) -> None:
+    """The thread count is no key column, so a rerun at another `num_threads` would skip every point already
+    measured at the first count: refused, with the advice to give each count its own folder.
+
+    Only points that ask for a count are checked; at 0 the sweep chooses from the cores free at its start, and a
+    resumed run may choose differently by design.
+    """
+    done = latest_by_key(rows)
+    for point in points:
+        row = done.get(point.key)
+        if point.device != "cpu" or not point.num_threads or row is None or row.get("cpu_threads") in (None, ""):
+            continue
+        if int(float(row["cpu_threads"])) != point.num_threads:
+            raise ConfigError(f"num_threads {point.num_threads}: {out_dir / 'runs.csv'} measured {point.label()} on "
+                              f"{row['cpu_threads']} threads, and a rerun skips the points already there; give "
+                              f"each thread count its own --out")
 
 
 def check_calibration_file(path: Path) -> None:

@@ -252,6 +252,11 @@ class SweepConfig:
             _check_lr_grid(self)
         if not self.dataset:
             raise ConfigError("dataset: epochs > 0 needs a data set (e.g. --dataset pathfinder)")
+        if self.compile not in ("", "none") and self.train.get("trainer", "loader") != "device":
+            # the loader trainer (experiments/train/recipe.py) trains the eager model: its rows would be keyed
+            # compiled without being so
+            raise ConfigError(f"compile = {self.compile!r}: training compiles only with the device trainer; set "
+                              "train.trainer = \"device\" (or --compile none)")
         if "epochs" in self.train:
             raise ConfigError("train: set epochs as a top-level field (or --epochs), not inside [train]")
         if self.dtype == "float16":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import signal
 import threading
 import time
@@ -128,6 +129,10 @@ def run_isolated(target: Callable[[Point], Row], point: Point, timeout_s: float)
             process.kill()
         process.join()
         kill_group(process.pid)
+        if getattr(point, "compile", ""):  # a point killed while compiling could not remove its inductor cache itself
+            from ..measure.compiled import point_cache_dir
+
+            shutil.rmtree(point_cache_dir(process.pid), ignore_errors=True)
     if row is None:
         row = _death_row(process.exitcode, point.memory_limit_mb)
     row.pop("traceback", None)
