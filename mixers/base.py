@@ -7,6 +7,12 @@ from torch import Tensor, nn
 
 Grid = tuple[int, int]
 
+# Changes of a mixer's input that its output may ignore, by the name a mixer declares in `invariant_to`.
+INVARIANCES: dict[str, str] = {
+    "channel_shift": "adding one constant per channel to every token leaves the output unchanged "
+                     "(PoolFormer's pooling minus identity), so the bias of the norm feeding the mixer gets no gradient",
+}
+
 
 class TokenMixer(nn.Module):
     """Mixes information across tokens, and nothing else.
@@ -17,9 +23,19 @@ class TokenMixer(nn.Module):
 
     Subclasses set `impl` in `forward` to name the implementation that actually ran (an SDPA backend,
     `naive`, a scan kernel); the sweep records it in every result row.
+
+    Gradient contract: in a training step every parameter of the mixer itself, and every parameter on the path
+    from the patch embedding through every block to the head, gets a gradient clearly above round-off; a mixer
+    that silently drops its input is a bug. The one exception is a parameter the mixer's function cannot see:
+    a mixer whose output is unchanged by some change of its input names it in `invariant_to` (keys of
+    `INVARIANCES`), the tests check that the mixer really is invariant to it, and then excuse the parameter it
+    hides (for `channel_shift`, the bias of the norm before the mixer). Options are checked in `__init__`: a
+    wrong type or range is a `TypeError`/`ValueError` that names the option, so a sweep refuses a config before
+    any point runs.
     """
 
     impl: str = "torch"
+    invariant_to: frozenset[str] = frozenset()
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
