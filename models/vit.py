@@ -126,6 +126,9 @@ class ViT(nn.Module):
         mixer_options: dict | None = None,
     ) -> None:
         super().__init__()
+        for name, value, minimum in (("num_classes", num_classes, 0), ("in_chans", in_chans, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
         self.config = config
         self.mixer_name = mixer
         self.grid = resolve_img_size(img_size, patch_size)
@@ -151,7 +154,8 @@ class ViT(nn.Module):
             for i in range(config.depth)
         )
         self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
+        # timm's convention: num_classes=0 returns the pooled features, (B, dim), for a head of the caller's own.
+        self.head = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:

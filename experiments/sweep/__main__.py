@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.save_weights:
             points = with_weights_paths(points, config.out_dir)
         check_environment(config, dry_run=args.dry_run)
+        check_mixers_run_or_refuse(points)
         if not args.slurm:
             check_threads(points)
         for path in args.calibrate_from:
@@ -558,6 +559,16 @@ def check_environment(config: SweepConfig, dry_run: bool = False) -> None:
             from ..train.datasets import check_dataset_available
 
             check_dataset_available(run.dataset, data_dir=run.data_dir or None, data_path=run.data_path or None)
+
+
+def check_mixers_run_or_refuse(points: list[Point]) -> None:
+    """A mixer whose options cannot run on this CPU would fail every one of its points: refuse it up front."""
+    from .mixer_smoke import check_mixers_run
+
+    try:
+        check_mixers_run(points)
+    except ValueError as error:
+        raise ConfigError(f"mixer_options: {error}") from None
 
 
 def check_compile(device: str) -> None:
