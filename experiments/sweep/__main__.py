@@ -24,7 +24,8 @@ from .config import (GRID_FIELDS, SWEEP_FIELDS, ConfigError, SweepConfig, _diges
                      union_points)
 from .lr_stages import seed_points, stage_lines
 from .plan import Budget, Planner, budget_order, load_note, plan_lines, side_by_side_order
-from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
+from .machine import (busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus,
+                      with_limits_given)
 from .device_peak import with_device_peak
 from .out_dir import OutDirError, SweepLock, check_out_dir
 from .references import check_clean_tree
@@ -68,8 +69,8 @@ _FIELD_FLAGS = {
     "dataset": dict(help=f"data set to train on: {', '.join(DATASET_NAMES)}"),
     "data_dir": dict(metavar="DIR", help="folder of cifar10/cifar100/imagefolder data"),
     "data_path": dict(metavar="FILE", help="the .npz file for --dataset npz"),
-    "timeout_s": dict(type=float, metavar="S", help="per-point time limit, raised for a point whose predicted cost on "
-                      "this machine needs more; a point over its limit is recorded as timeout"),
+    "timeout_s": dict(type=float, metavar="S", help="per-point time limit in seconds; a point over it is recorded as "
+                      "timeout (default: chosen per point from its predicted cost on this machine, at least 30 min)"),
     "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on the address space one point may add (emulates "
                             "less memory; thread stacks and allocator arenas count, so tensors hit it sooner)"),
     "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: the cores free when the sweep starts)"),
@@ -290,6 +291,8 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     load_start, machine_note = load_average(), ""
     if slurm_partition is None:  # points run on this machine: fit them to what it has free now
         todo, load_start, machine_note = _fit_to_machine(todo)
+    else:
+        todo = with_limits_given(todo)
     wall = MemoryWall()
     if not retry_failed:
         for row in done.values():

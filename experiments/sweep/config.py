@@ -78,7 +78,9 @@ class SweepConfig:
     data_path: str = ""
     measure_train_step: bool = True
     erf: bool = False  # training points save effective receptive field maps to <out>/erf/<key hash>.npz
-    timeout_s: float = 1800.0
+    # Per-point limit in seconds, and a limit: a point past it is a timeout row. 0 (not given): each point's limit
+    # is chosen from its predicted cost on this machine, at least 30 minutes (experiments/sweep/machine.py).
+    timeout_s: float = 0.0
     memory_limit_mb: int = 0  # CPU only: cap on what one point may allocate, 0 = none
     num_threads: int = 0  # 0 = torch's default
     # CPU training points that run at once, each in its own process on num_threads threads (given explicitly): on
@@ -448,8 +450,9 @@ def check_fields(config: SweepConfig, where: str) -> None:
                           f"{list(config.timing_modes)}")
     if config.epochs < 0:
         raise ConfigError(f"{prefix}epochs must be >= 0, got {config.epochs}")
-    if not (math.isfinite(config.timeout_s) and config.timeout_s > 0):
-        raise ConfigError(f"{prefix}timeout_s must be a finite number of seconds > 0, got {config.timeout_s}")
+    if not (math.isfinite(config.timeout_s) and config.timeout_s >= 0):
+        raise ConfigError(f"{prefix}timeout_s must be a finite number of seconds > 0 (or 0: chosen per point from "
+                          f"its predicted cost), got {config.timeout_s}")
     if config.memory_limit_mb < 0:
         raise ConfigError(f"{prefix}memory_limit_mb must be >= 0 (0: no cap), got {config.memory_limit_mb}")
     if config.num_threads < 0:
