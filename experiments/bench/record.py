@@ -15,7 +15,7 @@ PROVENANCE = ("commit", "dirty", "torch_version", "triton_version", "mamba_ssm_v
 def provenance_columns(device: torch.device, repeats: int) -> dict[str, object]:
     """The provenance cells every row of a benchmark CSV carries."""
     commit, dirty = git_state()
-    return {"commit": commit, "dirty": dirty, "torch_version": torch.__version__,
+    return {"commit": commit, "dirty": "" if dirty is None else dirty, "torch_version": torch.__version__,
             "triton_version": package_version("triton"), "mamba_ssm_version": package_version("mamba-ssm"),
             "device_name": device_name(device), "repeats": repeats}
 

@@ -133,6 +133,12 @@ class Fit:
     coef: np.ndarray
     rows: int
     scope: str  # "mixer" (fitted to this mixer's rows) or "pooled" (all mixers' rows, too few of its own)
+    sizes: frozenset[tuple[int, int]] = frozenset()  # the (tokens, batch) it was fitted at
+
+    def reaches(self, w: Work) -> bool:
+        """Whether this fit may predict `w`: a fit of one size is a constant (the fixed cost alone fits it
+        exactly), which says nothing about another size, so it answers only at its own."""
+        return self.rows >= 2 or (w.tokens, w.batch) in self.sizes
 
 
 @dataclass
@@ -216,6 +222,8 @@ class CostModel:
 
     def predict(self, point: Point, target: str) -> float | None:
         fit = self.fit_for(point, target)
+        if fit is not None and not fit.reaches(work(point)):
+            fit = None
         if fit is None:
             return analytic_memory_mb(target, work(point)) if "mem" in target else None
         value = float(features(target, work(point)) @ fit.coef)
@@ -229,8 +237,8 @@ class CostModel:
 def _fit(target: str, pairs: list[tuple[Work, float]], scope: str) -> Fit:
     x = np.array([features(target, w) for w, _ in pairs])
     y = np.array([v * (MiB if "mem" in target else 1.0) for _, v in pairs])
-    distinct = len({(w.tokens, w.batch) for w, _ in pairs})
-    return Fit(coef=nonnegative_fit(x, y), rows=distinct, scope=scope)
+    sizes = frozenset((w.tokens, w.batch) for w, _ in pairs)
+    return Fit(coef=nonnegative_fit(x, y), rows=len(sizes), scope=scope, sizes=sizes)
 
 
 def _number(value: object) -> float | None:

@@ -271,7 +271,13 @@ class Planner:
         if self.predict(point).point_s is not None:
             return None
         targets = ["latency_ms", "overhead_s"] + (["train_step_ms"] if point.measure_train_step else [])
-        if any(self.model.fit_for(point, t) is None for t in targets):
+        fits = [self.model.fit_for(point, t) for t in targets]
+        if any(f is not None and not f.reaches(work(point)) for f in fits):
+            group = CostModel.group(point).rstrip("|")
+            return (f"{group} was measured at one size only (the calibration kept one point), and one size cannot "
+                    "extrapolate to another; memory is the analytic estimate; give --calibrate-from a runs.csv of "
+                    "two sizes or more, or a sweep (not a dry run) calibrates as it goes")
+        if any(f is None for f in fits):
             group = CostModel.group(point).rstrip("|")
             if _device_here(point.device):
                 return (f"no measured row of {group}: the calibration did not reach it within its bound; a sweep "
