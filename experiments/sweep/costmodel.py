@@ -64,16 +64,29 @@ def _mixer_elements(mixer: str, module: object, grid: tuple[int, int]) -> float:
     return 0.0
 
 
-@lru_cache(maxsize=4096)
-def _work_of(mixer: str, preset: str, overrides: str, img_size: int, patch_size: int) -> tuple[float, ...]:
+@lru_cache(maxsize=256)
+def _model_of(mixer: str, preset: str, overrides: str, patch_size: int) -> tuple[object, int]:
+    """A meta-device model of one setting at its smallest image (grid 1 x 1), and its trainable parameters less
+    the position embedding (the one part that grows with the grid). Building is the slow part of a plan (about
+    0.1 s, most of it initialising on the meta device), so a setting is built once for every size it is asked at."""
     from ..measure.run import build_model
 
-    model = build_model(Point(mixer=mixer, preset=preset, img_size=img_size, patch_size=patch_size, batch_size=1,
+    model = build_model(Point(mixer=mixer, preset=preset, img_size=patch_size, patch_size=patch_size, batch_size=1,
                               overrides=overrides), device="meta")
-    depth, dim = model.config.depth, model.config.dim
-    mixer_elems = [_mixer_elements(mixer, block.mixer, model.grid) for block in model.blocks]
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return (float(model.macs()), float(model.tokens * dim * depth), float(sum(mixer_elems)),
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad) - model.pos_embed.numel()
+    return model, params
+
+
+@lru_cache(maxsize=4096)
+def _work_of(mixer: str, preset: str, overrides: str, img_size: int, patch_size: int) -> tuple[float, ...]:
+    from models import resolve_img_size
+
+    model, grid_free_params = _model_of(mixer, preset, overrides, patch_size)
+    grid = resolve_img_size(img_size, patch_size)
+    tokens, depth, dim = grid[0] * grid[1], model.config.depth, model.config.dim
+    mixer_elems = [_mixer_elements(mixer, block.mixer, grid) for block in model.blocks]
+    params = grid_free_params + tokens * dim  # the position embedding, (1, N, dim)
+    return (float(model.macs(grid)), float(tokens * dim * depth), float(sum(mixer_elems)),
             float(max(mixer_elems, default=0.0)), float(params), float(depth))
 
 

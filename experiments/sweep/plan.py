@@ -326,9 +326,10 @@ def calibration_points(points: list[Point], have: list[tuple[Point, dict]]) -> l
         covered.setdefault(CostModel.group(point), set()).add(point.tokens * point.batch_size)
     chosen: dict[tuple, Point] = {}
     by_group: dict[tuple, list[Point]] = {}
+    train_step = any(q.measure_train_step or q.epochs > 0 for q in points)  # once: per point it was quadratic
     for p in points:
         p = dataclasses.replace(p, epochs=0, dataset="", train="{}", checkpoint_dir="", timing=CALIBRATION_TIMING,
-                                batch_size=1, measure_train_step=any(q.measure_train_step or q.epochs > 0 for q in points))
+                                batch_size=1, measure_train_step=train_step)
         by_group.setdefault((CostModel.group(p), p.preset, p.overrides), []).append(p)
     for (group, _, _), group_points in by_group.items():
         if len(covered.get(group, ())) >= 3:
