@@ -402,8 +402,10 @@ def main(argv: list[str] | None = None) -> int:
             check_threads(points)
         for path in args.calibrate_from:
             check_calibration_file(path)
+        # A dry run checks the folder too (creating nothing), before it plans: a bad --out is said at once, not
+        # after a plan that the real run would then refuse.
+        check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
         if not args.dry_run:
-            check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
             check_clean_tree(config.out_dir, args.allow_dirty)
         read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running anything
         if args.slurm and config.launcher != "submitit":
