@@ -104,7 +104,7 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "train_img_s",
     # provenance
     "commit",
-    "dirty",  # True when the working tree had uncommitted changes
+    "dirty",  # True when the working tree had uncommitted changes; empty when git could not say (commit unknown)
     "torch_version",
     "triton_version",  # empty where triton is not installed
     "mamba_ssm_version",  # empty where mamba-ssm is not installed

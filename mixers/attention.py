@@ -7,7 +7,7 @@ from einops import rearrange
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from .base import Grid, TokenMixer, check_tokens
+from .base import Grid, TokenMixer, check_bool_option, check_tokens
 from .registry import register_mixer
 
 # torch._fused_sdp_choice returns the SDPBackend enum's integer; these are the names we record as `impl`.
@@ -59,6 +59,8 @@ class Attention(TokenMixer):
 
     def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, qkv_bias: bool = True) -> None:
         super().__init__()
+        # Types and ranges first (issue 35): a TOML `true` or a 0 would otherwise build a degenerate mixer.
+        check_bool_option("attention", "qkv_bias", qkv_bias)
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads

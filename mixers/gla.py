@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .base import Grid, TokenMixer, check_tokens
+from .base import Grid, TokenMixer, check_int_option, check_positive_option, check_tokens
 from .ops.gla import chunk_gla, chunk_gla_macs, fla_chunk_gla, fla_unavailable_reason
 from .registry import register_mixer
 
@@ -66,6 +66,12 @@ class BiGLA(TokenMixer):
                  gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, chunk_size: int = 16,
                  norm_eps: float = 1e-5, impl: str = "auto") -> None:
         super().__init__()
+        # Types and ranges first (issue 35): a TOML `true` or a 0 would otherwise build a degenerate mixer.
+        check_positive_option("gla", "expand_k", expand_k)
+        check_positive_option("gla", "gate_logit_normalizer", gate_logit_normalizer)
+        check_positive_option("gla", "norm_eps", norm_eps)
+        check_int_option("gla", "gate_low_rank_dim", gate_low_rank_dim)
+        check_int_option("gla", "chunk_size", chunk_size)
         key_dim = int(dim * expand_k)
         if key_dim < num_heads or key_dim % num_heads:
             raise ValueError(f"gla: expand_k * dim = {key_dim} must be a positive multiple of num_heads="

@@ -9,7 +9,7 @@ from einops import rearrange
 from torch import Tensor
 
 from .attention import qkv_and_proj
-from .base import Grid, TokenMixer, check_tokens
+from .base import Grid, TokenMixer, check_bool_option, check_positive_option, check_tokens
 from .registry import register_mixer
 
 
@@ -49,6 +49,9 @@ class LinearAttention(TokenMixer):
         qkv_bias: bool = True,
     ) -> None:
         super().__init__()
+        # Types and ranges first (issue 35): a TOML `true` or a 0 would otherwise build a degenerate mixer.
+        check_positive_option("linear", "eps", eps)
+        check_bool_option("linear", "qkv_bias", qkv_bias)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"linear: unknown feature_map {feature_map!r}; choose one of {sorted(FEATURE_MAPS)}")
         self.dim = dim

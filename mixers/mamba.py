@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .base import Grid, TokenMixer, check_tokens
+from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_positive_option, check_tokens
 from .registry import register_mixer
 from .ops.selective_scan import (
     NATIVE_REVERSE_IMPLS,
@@ -71,6 +71,17 @@ class VimMixer(TokenMixer):
         scan_impl: str = "auto",
     ) -> None:
         super().__init__()
+        # Types and ranges first (issue 35): a TOML `true` or a 0 would otherwise build a degenerate mixer.
+        check_int_option("mamba", "d_state", d_state)
+        check_int_option("mamba", "d_conv", d_conv)
+        check_int_option("mamba", "expand", expand)
+        check_positive_option("mamba", "dt_min", dt_min)
+        check_positive_option("mamba", "dt_max", dt_max)
+        check_positive_option("mamba", "dt_init_floor", dt_init_floor)
+        check_bool_option("mamba", "conv_bias", conv_bias)
+        check_bool_option("mamba", "bias", bias)
+        if dt_rank != "auto":
+            check_int_option("mamba", "dt_rank", dt_rank)
         if dt_rank != "auto" and not (isinstance(dt_rank, int) and dt_rank > 0):
             raise ValueError(f"mamba: dt_rank must be 'auto' or a positive int, got {dt_rank!r}")
         if not 0 < dt_min <= dt_max:

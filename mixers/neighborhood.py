@@ -20,7 +20,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from .attention import qkv_and_proj
-from .base import Grid, TokenMixer, check_tokens
+from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_tokens
 from .registry import register_mixer
 
 NEIGHBORHOOD_IMPLS = ("auto", "gather", "flex", "flex_compiled")
@@ -135,6 +135,10 @@ class NeighborhoodAttention(TokenMixer):
     def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, kernel_size: int = 7, qkv_bias: bool = True,
                  rel_pos_bias: bool = True, impl: str = "auto") -> None:
         super().__init__()
+        # Types and ranges first (issue 35): a TOML `true` or a 0 would otherwise build a degenerate mixer.
+        check_int_option("neighborhood", "kernel_size", kernel_size)
+        check_bool_option("neighborhood", "qkv_bias", qkv_bias)
+        check_bool_option("neighborhood", "rel_pos_bias", rel_pos_bias)
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"neighborhood: kernel_size must be odd and >= 1 (a window centred on its query), "
                              f"got {kernel_size}")

@@ -20,7 +20,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from .attention import qkv_and_proj, sdpa_backend_name
-from .base import Grid, TokenMixer, check_tokens
+from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_tokens
 from .registry import register_mixer
 
 # Finite, so that a query whose window holds only masked keys (a padded token's query) gets a uniform softmax
@@ -111,6 +111,9 @@ class SwinAttention(TokenMixer):
             qkv_bias: learn a bias in the q, k, v projection.
         """
         super().__init__()
+        # Types and ranges first (issue 35): a TOML `true` or a 0 would otherwise build a degenerate mixer.
+        check_int_option("swin", "window_size", window_size)
+        check_bool_option("swin", "qkv_bias", qkv_bias)
         if dim % num_heads:
             raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
         if window_size < 1:

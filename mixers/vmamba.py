@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .base import Grid, TokenMixer, check_tokens
+from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_positive_option, check_tokens
 from .mamba import _scan_param
 from .registry import register_mixer
 from .ops.selective_scan import SCAN_IMPLS, selective_scan, selective_scan_flops
@@ -102,6 +102,17 @@ class SS2D(TokenMixer):
         scan_impl: str = "auto",
     ) -> None:
         super().__init__()
+        # Types and ranges first (issue 35): a TOML `true` or a 0 would otherwise build a degenerate mixer.
+        check_int_option("vmamba", "d_state", d_state)
+        check_int_option("vmamba", "expand", expand)
+        check_int_option("vmamba", "d_conv", d_conv)
+        check_positive_option("vmamba", "dt_min", dt_min)
+        check_positive_option("vmamba", "dt_max", dt_max)
+        check_positive_option("vmamba", "dt_init_floor", dt_init_floor)
+        check_bool_option("vmamba", "conv_bias", conv_bias)
+        check_bool_option("vmamba", "bias", bias)
+        if dt_rank != "auto":
+            check_int_option("vmamba", "dt_rank", dt_rank)
         if dt_rank != "auto" and not (isinstance(dt_rank, int) and dt_rank > 0):
             raise ValueError(f"vmamba: dt_rank must be 'auto' or a positive int, got {dt_rank!r}")
         if not 0 < dt_min <= dt_max:

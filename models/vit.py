@@ -126,6 +126,9 @@ class ViT(nn.Module):
         mixer_options: dict | None = None,
     ) -> None:
         super().__init__()
+        for name, value, minimum in (("num_classes", num_classes, 0), ("in_chans", in_chans, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
         self.config = config
         self.mixer_name = mixer
         self.grid = resolve_img_size(img_size, patch_size)
@@ -151,7 +154,8 @@ class ViT(nn.Module):
             for i in range(config.depth)
         )
         self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
+        # timm's convention: num_classes=0 returns the pooled features, (B, dim), for a head of the caller's own.
+        self.head = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -181,14 +185,19 @@ class ViT(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.forward_features(x).mean(dim=1))
 
-    def macs(self) -> int:
+    def macs(self, grid: Grid | None = None) -> int:
         """Analytic forward multiply-accumulates for one image: patch conv, every block, head.
 
         Norms, position embedding, pooling and element-wise ops are not counted (see results/README.md).
+
+        Args:
+            grid: the token grid to count at; default the one the model was built for. Blocks fix nothing about
+                the grid (the mixer contract), so one build answers for every size (the planner's thousands).
         """
-        n, dim, p = self.tokens, self.config.dim, self.patch_size
+        grid = grid or self.grid
+        n, dim, p = grid[0] * grid[1], self.config.dim, self.patch_size
         patch_embed = n * dim * self.in_chans * p * p
-        return patch_embed + sum(block.macs(self.grid) for block in self.blocks) + dim * self.num_classes
+        return patch_embed + sum(block.macs(grid) for block in self.blocks) + dim * self.num_classes
 
 
 def create_vit(

@@ -68,6 +68,14 @@ def test_profile_writes_shares_that_add_up_with_provenance(tmp_path: Path, capsy
     (["--tokens", "0"], "argument --tokens: must be in 1 .."),
     (["--options", "d_state"], "--options: expected key=value, got 'd_state'"),
     (["--options", "no_such_option=1", "--tokens", "16"], "mamba with --dim 192 --heads 3 --options"),
+    # issue 35: each was a traceback (or a 768 GiB allocation), or failed after profiling
+    (["--mixers", "vmamba", "--options", "expand=-1", "--tokens", "16"], "expand"),
+    (["--mixers", "gla", "--options", "chunk_size=True", "--tokens", "16"], "chunk_size"),
+    (["--tokens", "1073741824"], "argument --tokens: must be in 1 .."),
+    (["--mixers", "neighborhood", "--options", "impl=flex", "--tokens", "16", "--dim", "16", "--heads", "2"],
+     "cannot run forward+backward on cpu"),
+    (["--options", "scan_impl=triton", "--tokens", "16", "--dim", "16", "--heads", "2"], "cannot run"),
+    (["--csv", "/", "--tokens", "16"], "is not a regular file"),
 ])
 def test_bad_arguments_are_one_line(capsys, argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exit_:

@@ -242,3 +242,24 @@ def test_bench_scan_writes_its_provenance(tmp_path: Path, capsys: pytest.Capture
     assert set(rows["repeats"]) == {2} and all(rows["commit"])
     out = capsys.readouterr().out
     assert "commit " in out and "timed blocks per case" in out and "mamba-ssm" in out
+
+
+def test_unknown_tree_is_not_recorded_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture) -> None:
+    """No git on PATH: the commit is unknown, so is the tree's state. A row says dirty "" (never False), and a
+    sweep into a committed reference folder is refused in one line (issue 35)."""
+    from experiments.measure import provenance
+
+    provenance.git_state.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git here
+    try:
+        assert provenance.git_state() == ("unknown", None)
+        assert provenance.provenance(torch.device("cpu"))["dirty"] == ""
+        config = tiny_sweep.write_config(tmp_path, tiny_sweep.tiny_config(["attention"], [16]))
+        out = REPO / "results" / "no_such_reference_folder"
+        assert main(["--config", str(config), "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "git cannot say" in err and len(err.splitlines()) == 1
+        assert not out.exists()
+    finally:
+        provenance.git_state.cache_clear()

@@ -2,9 +2,11 @@
 cost, the load in every row, and nothing left behind (processes, semaphores) when a point is killed."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,16 +32,17 @@ def point(**kwargs) -> Point:
 
 
 def test_time_limit_grows_with_predicted_cost_never_below_timeout() -> None:
+    """Where the user gave no limit (0), it grows with the predicted cost, never below 30 minutes."""
     rate = 1e9  # MAC/s
-    small = point()
-    assert time_limit(small, 1_000_000, rate) == 300.0
-    big = point(epochs=4, dataset="pathfinder", train='{"train_samples":4000}')
+    small = point(timeout_s=0.0)
+    assert time_limit(small, 1_000_000, rate) == 1800.0
+    big = point(timeout_s=0.0, epochs=4, dataset="pathfinder", train='{"train_samples":4000}')
     # 8 forward calls (2 warm-up, 5 timed, 1 counted), 7 train steps of 3 forwards' work, 4 epochs of 4000 images
     # at 3.5 forwards each; plus 2 x 1 s of timed minimum
     predicted = (8 + 7 * 3 + 4 * 4000 * 3.5) * 10**8 / rate + 2
     assert time_limit(big, 10**8, rate) == pytest.approx(20 * predicted, rel=1e-6)
     assert time_limit(big, 10**8, rate / 4) > 3.9 * time_limit(big, 10**8, rate) - 200  # a slower machine, longer
-    assert time_limit(big, None, rate) == 300.0  # unknown cost: the configured limit
+    assert time_limit(big, None, rate) == 1800.0  # unknown cost: the floor
 
 
 def test_fit_to_machine_sets_threads_only_where_asked() -> None:
@@ -133,3 +136,35 @@ def test_summary_says_when_the_machine_was_busy(tmp_path: Path) -> None:
     assert "the machine was busy" not in (tmp_path / "quiet" / "summary.md").read_text()
     busy = (tmp_path / "busy" / "summary.md").read_text()
     assert "the machine was busy" in busy and "load average (1 min): 1.4 to 1.4 when the sweep(s) started" in busy
+
+
+def test_a_users_limit_is_the_limit() -> None:
+    """A limit the user gave holds whatever the prediction (issue 35: --timeout-s 5 became 6,743 s); only where none
+    was given (0) does the prediction choose it."""
+    big = point(timeout_s=5.0, epochs=4, dataset="pathfinder")
+    assert time_limit(big, 10**8, 1e9) == 5.0
+    automatic = point(timeout_s=0.0, epochs=4, dataset="pathfinder")
+    assert time_limit(automatic, 10**8, 1e9) > 1800.0
+    assert time_limit(point(timeout_s=0.0), None, 1e9) == 1800.0
+
+
+def test_a_hung_point_stops_at_the_users_limit(tmp_path: Path) -> None:
+    """An imagefolder of FIFOs: reading the first image never returns. With --timeout-s 3 the point is a timeout
+    row within seconds (before the fix its limit was 20 x a 50,000-sample prediction: hours)."""
+    from experiments.sweep.__main__ import main
+    from experiments.sweep.runs_file import read_rows
+
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (tmp_path / "data" / split / cls).mkdir(parents=True)
+            os.mkfifo(tmp_path / "data" / split / cls / "x.png")
+    config = tmp_path / "c.toml"
+    config.write_text('mixers = ["linear"]\nimg_sizes = [16]\npatch_sizes = [8]\nmeasure_train_step = false\n'
+                      '[timing]\nwarmup = 0\nmin_repeats = 1\nmin_time_s = 0.0\n')
+    started = time.monotonic()
+    assert main(["--config", str(config), "--out", str(tmp_path / "out"), "--quiet", "--no-report", "--no-plan",
+                 "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"), "--epochs", "1",
+                 "--timeout-s", "3"]) == 0
+    (row,) = read_rows(tmp_path / "out" / "runs.csv")
+    assert row["status"] == "timeout", row
+    assert time.monotonic() - started < 120  # seconds of limit, plus the sweep's start and a killed worker

@@ -8,6 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import mixers
 from margins import clearly_non_zero, largest
 from mixers import TokenMixer, create_mixer, list_mixers, register_mixer
+from mixers.base import INVARIANCES
 
 DIM, HEADS = 32, 2
 GRIDS = [(7, 9), (1, 1), (5, 13), (14, 14)]
@@ -135,3 +136,16 @@ def test_inference_then_training(name: str) -> None:
     with torch.inference_mode():
         mixer(x, (7, 9))
     mixer.train()(x.requires_grad_(), (7, 9)).sum().backward()
+
+
+@pytest.mark.parametrize("name", list_mixers())
+def test_declared_invariances_hold(name: str) -> None:
+    """A mixer may declare what its output ignores (the reach test then excuses the parameter it hides), but only
+    what is true: a declared per-channel shift must leave the output unchanged."""
+    mixer = build(name).double()
+    assert set(mixer.invariant_to) <= set(INVARIANCES), f"{name}: unknown invariance; known: {sorted(INVARIANCES)}"
+    if "channel_shift" in mixer.invariant_to:
+        x = torch.randn(2, 5 * 13, DIM, dtype=torch.float64)
+        shift = 3.0 * torch.randn(DIM, dtype=torch.float64)
+        # float64 round-off of values of order 10, far under a real dependence on the shift (order 1)
+        torch.testing.assert_close(mixer(x + shift, (5, 13)), mixer(x, (5, 13)), rtol=0, atol=1e-9)

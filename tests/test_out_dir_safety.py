@@ -63,13 +63,13 @@ def test_report_keeps_files_it_did_not_write_and_removes_only_its_own(tmp_path: 
     build_report(tmp_path)
     patch_figures = sorted(tmp_path.glob("figures/patch_resolution*"))
     assert patch_figures and unchanged(user)
-    assert {p.relative_to(tmp_path).as_posix() for p in patch_figures} <= read_manifest(tmp_path)
+    assert {p.relative_to(tmp_path).as_posix() for p in patch_figures} <= set(read_manifest(tmp_path))
 
     write_runs(tmp_path, [cost_row(16), cost_row(32), cost_row(64)])  # one patch size: no patch figure now
     build_report(tmp_path)
     assert not any(p.exists() for p in patch_figures)  # the report's own stale figures are gone
     assert unchanged(user)  # the user's files are not
-    assert not set(USER_FILES) & read_manifest(tmp_path)
+    assert not set(USER_FILES) & set(read_manifest(tmp_path))
 
 
 def test_report_without_manifest_deletes_nothing(tmp_path: Path) -> None:
@@ -98,7 +98,7 @@ def test_report_refuses_a_file_of_its_name_it_did_not_write(tmp_path: Path, caps
     (tmp_path / "tables" / "costs.csv").unlink()
     mine = tmp_path / "tables" / "costs.csv"  # the user's own table, under a name the report writes
     mine.write_text("mine\n")
-    manifest = read_manifest(tmp_path) - {"tables/costs.csv"}  # ... and so not in the report's manifest
+    manifest = set(read_manifest(tmp_path)) - {"tables/costs.csv"}  # ... and so not in the report's manifest
     (tmp_path / MANIFEST_NAME).write_text('{"files": ' + str(sorted(manifest)).replace("'", '"') + "}")
     assert report_main([str(tmp_path)]) == 2
     one_line_error(capsys, str(mine), "not written by the report")

@@ -441,3 +441,36 @@ def test_batch_max_rows_are_fitted_at_the_batches_they_found(tmp_path: Path) -> 
         assert predicted.latency_ms == pytest.approx(truth(check, "latency_ms"), rel=1e-6)
         assert predicted.train_step_ms == pytest.approx(truth(check, "train_step_ms"), rel=1e-6)
         assert predicted.train_peak_mem_mb == pytest.approx(truth(check, "train_peak_mem_mb"), rel=1e-6)
+
+
+def test_a_plan_from_one_size_says_it_cannot_extrapolate() -> None:
+    """Calibration that keeps one point fits a constant: the plan predicted that constant at every size, "fits:
+    yes" up to 1M tokens (issue 35). It predicts the measured size only and says why the others are unknown."""
+    from experiments.sweep.costmodel import work
+    from experiments.sweep.plan import DEFAULT_GAP_S, Planner, plan_lines
+
+    measured, far = _points([16, 4096])
+    planner = Planner(_rows_of([measured], _linear_truth), ["test"], None, "test", DEFAULT_GAP_S)
+    assert planner.predict(measured).latency_ms == pytest.approx(_linear_truth("latency_ms", work(measured)))
+    assert planner.predict(far).latency_ms is None and planner.predict(far).point_s is None
+    assert planner.predict(far).peak_mem_mb > planner.predict(measured).peak_mem_mb  # the analytic estimate grows
+    lines = plan_lines(planner, [measured, far])
+    assert any("measured at one size only" in line and "cannot extrapolate" in line for line in lines)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "swin", "mamba", "attention_naive"])
+def test_work_from_one_build_equals_a_build_at_each_size(mixer: str) -> None:
+    """The planner builds a setting once and counts each size from it (3,000 sizes took 352 s, a meta build each):
+    the numbers are those of a model built at that size."""
+    from experiments.measure.run import build_model
+    from experiments.sweep.costmodel import _model_of, work
+
+    _model_of.cache_clear()
+    for img_size in (8, 40, 96):
+        point = Point(mixer=mixer, preset="micro", img_size=img_size, patch_size=8, batch_size=1)
+        model = build_model(point, device="meta")
+        w = work(point)
+        assert w.macs == model.macs() and w.tokens == model.tokens
+        assert w.params == sum(p.numel() for p in model.parameters() if p.requires_grad)
+        assert w.token_bytes == 4 * model.tokens * model.config.dim * model.config.depth
+    assert _model_of.cache_info().misses == 1

@@ -17,7 +17,7 @@ import pytest
 from experiments.report import plots as report_plots
 from experiments.report import plots_cost
 from experiments.report.build import ReportError, build_report, load_runs
-from experiments.report.manifest import read_manifest, write_manifest
+from experiments.report.manifest import content_hash, read_manifest, write_manifest
 from experiments.report.crossover import (
     COST_KEYS, RECIPE_KEYS, REPLICATE_KEYS, cost_points, crossover_table, curve_keys, curve_points, exponent_table,
     find_crossover, first_failures, fit_exponent,
@@ -162,7 +162,7 @@ def test_rebuild_removes_stale_outputs(small_sweep: Path) -> None:
     stale = small_sweep / "figures" / "wall_old-setting.png"
     stale.write_bytes(b"old")
     # A previous report drew it (its manifest says so); a file it did not list is never removed (test_out_dir_safety).
-    write_manifest(small_sweep, read_manifest(small_sweep) | {"figures/wall_old-setting.png"})
+    write_manifest(small_sweep, {**read_manifest(small_sweep), "figures/wall_old-setting.png": content_hash(stale)})
     build_report(small_sweep)
     assert not stale.exists()
 

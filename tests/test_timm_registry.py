@@ -89,3 +89,16 @@ print("ok", timm.create_model("mixerbench_micro_mine", img_size=16, patch_size=4
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "ok mine"
+
+
+def test_num_classes_zero_gives_pooled_features() -> None:
+    """timm's convention: a model built with num_classes=0 returns its pooled features, (B, dim)."""
+    model = timm.create_model("mixerbench_micro_attention", img_size=16, patch_size=4, num_classes=0, depth=1)
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, PRESETS["micro"].dim)
+
+
+@pytest.mark.parametrize("mixer,options", [("neighborhood", {"kernel_size": True}), ("swin", {"window_size": True}),
+                                           ("mamba", {"d_conv": True})])
+def test_a_true_option_is_not_taken_as_one(mixer: str, options: dict) -> None:
+    with pytest.raises(TypeError, match=next(iter(options))):
+        timm.create_model(timm_model_name("micro", mixer), img_size=16, patch_size=4, mixer_options=options)

@@ -32,7 +32,11 @@ def test_training_step_reaches_every_parameter(mixer: str) -> None:
     loss.backward()
     assert not [n for n, p in model.named_parameters() if p.grad is None]
     scale = largest([p.grad for p in model.parameters()])
-    assert not [n for n, p in model.named_parameters() if not clearly_non_zero(p.grad, scale)]
+    # A mixer blind to a per-channel shift (its declared, contract-checked invariance) hides the bias of the norm
+    # feeding it: that gradient is zero by the mathematics, so it alone is excused (mixers/base.py).
+    excused = {f"blocks.{i}.norm1.bias" for i, block in enumerate(model.blocks)
+               if "channel_shift" in block.mixer.invariant_to}
+    assert not [n for n, p in model.named_parameters() if n not in excused and not clearly_non_zero(p.grad, scale)]
 
 
 def test_presets_match_deit_shapes() -> None:

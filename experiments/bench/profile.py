@@ -22,9 +22,10 @@ from mixers import list_mixers
 from ..measure.memory import stderr_silenced
 from .cli import Parser, int_at_least
 from .mixers import seeded_mixer
-from .record import provenance_columns, provenance_line, write_rows
+from .record import check_output_path, provenance_columns, provenance_line, write_rows
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MAX_TOKENS = 1 << 24  # a 4096 x 4096 grid; 2**30 tokens asked for a 768 GiB input: a typo, refused up front
 
 # First match wins. The scan: mamba-ssm's kernels, the Triton scan's (mixers/ops/selective_scan/triton_scan.py).
 CLASSES = (
@@ -114,7 +115,7 @@ def _grid(tokens: int) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(prog="python -m experiments.bench.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mixers", nargs="+", default=["mamba"], help="default: mamba")
-    parser.add_argument("--tokens", type=int_at_least(1), nargs="+", default=[4096],
+    parser.add_argument("--tokens", type=int_at_least(1, MAX_TOKENS), nargs="+", default=[4096],
                         help="token counts N, each a square grid (default: 4096)")
     parser.add_argument("--dim", type=int_at_least(1), default=192, help="channels (default: 192, DeiT-Ti)")
     parser.add_argument("--heads", type=int_at_least(1), default=3)
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         grids = {n: _grid(n) for n in args.tokens}
         options = _options(args.options)
+        if args.csv is not None:
+            check_output_path(args.csv)  # before profiling: a folder there lost every result after the run
     except ValueError as error:
         parser.error(str(error))
     device = torch.device(args.device)
@@ -150,9 +153,18 @@ def main(argv: list[str] | None = None) -> None:
         except (TypeError, ValueError) as error:
             parser.error(f"{name} with --dim {args.dim} --heads {args.heads} --options {args.options}: {error}")
         for tokens, grid in grids.items():
-            x = torch.randn(args.batch, tokens, args.dim, device=device, dtype=dtype,
-                            requires_grad=not args.forward_only)
-            rows = profile_case(mixer, x, grid, device, args.repeats, backward=not args.forward_only)
+            try:
+                x = torch.randn(args.batch, tokens, args.dim, device=device, dtype=dtype,
+                                requires_grad=not args.forward_only)
+                rows = profile_case(mixer, x, grid, device, args.repeats, backward=not args.forward_only)
+            except (RuntimeError, NotImplementedError, MemoryError) as error:  # flex's CPU backward, triton on a
+                # CPU, an input past memory: one line, and the cases already profiled are kept
+                if args.csv and written:
+                    write_rows(args.csv, written)
+                first = (str(error).strip().splitlines() or [""])[0][:200]
+                parser.error(f"{name} (--options {args.options}) at N = {tokens:,} cannot run "
+                             f"{'forward' if args.forward_only else 'forward+backward'} on {device.type} "
+                             f"({type(error).__name__}: {first})")
             total = sum(r["ms_per_iter"] for r in rows)
             split = ", ".join(f"{label} {100 * share:.0f}%" for label, share in class_shares(rows).items())
             print(f"\n{name} ({getattr(mixer, 'impl', '')}), N = {tokens:,}: {total:.3f} ms per iteration "

@@ -3,6 +3,7 @@ triton and mamba-ssm versions, device) and the repeat count, in the CSV it write
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ PROVENANCE = ("commit", "dirty", "torch_version", "triton_version", "mamba_ssm_v
 def provenance_columns(device: torch.device, repeats: int) -> dict[str, object]:
     """The provenance cells every row of a benchmark CSV carries."""
     commit, dirty = git_state()
-    return {"commit": commit, "dirty": dirty, "torch_version": torch.__version__,
+    return {"commit": commit, "dirty": "" if dirty is None else dirty, "torch_version": torch.__version__,
             "triton_version": package_version("triton"), "mamba_ssm_version": package_version("mamba-ssm"),
             "device_name": device_name(device), "repeats": repeats}
 
@@ -27,6 +28,21 @@ def provenance_line(columns: dict[str, object],
             f"{columns['torch_version']}; triton {columns['triton_version'] or 'not installed'}; mamba-ssm "
             f"{columns['mamba_ssm_version'] or 'not installed'}; {columns['device_name']}; "
             f"{columns['repeats']} {repeats}")
+
+
+def check_output_path(path: Path) -> None:
+    """Raises ValueError (one line) unless a CSV can be written at `path`: checked before a benchmark runs, so a
+    folder or an unwritable place there does not lose its results after the run."""
+    if path.exists() and not path.is_file():
+        raise ValueError(f"--csv {path} exists and is not a regular file (a folder?); give a file path")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"--csv {path} lies under {folder}, which is a file; give a path in a folder")
+    target = path if path.exists() else folder
+    if not os.access(target, os.W_OK):
+        raise ValueError(f"--csv {path}: {target} is not writable; give a path you can write to")
 
 
 def write_rows(path: Path, rows: list[dict[str, object]]) -> Path:

@@ -13,8 +13,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @lru_cache(maxsize=1)
-def git_state() -> tuple[str, bool]:
-    """(commit hash, dirty) of the checkout the code runs from; ("unknown", False) outside git."""
+def git_state() -> tuple[str, bool | None]:
+    """(commit hash, dirty) of the checkout the code runs from; ("unknown", None) where git cannot say (no git on
+    PATH, not a checkout): an unknown tree is not a clean one, and a row records its `dirty` as empty."""
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
@@ -25,7 +26,7 @@ def git_state() -> tuple[str, bool]:
         # results/ is excluded: a sweep writing its own rows must not mark the code it measures as dirty.
         dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"))
     except (OSError, subprocess.SubprocessError):
-        return "unknown", False
+        return "unknown", None
     return commit, dirty
 
 
@@ -82,7 +83,7 @@ def provenance(device: torch.device) -> dict[str, object]:
     commit, dirty = git_state()
     return {
         "commit": commit,
-        "dirty": dirty,
+        "dirty": "" if dirty is None else dirty,
         "torch_version": torch.__version__,
         "triton_version": package_version("triton"),
         "mamba_ssm_version": package_version("mamba-ssm"),

@@ -17,14 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pandas as pd
 
 from ..runs_csv import OPTIONAL_KEYS, RunsFileError, read_table
 from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
 from . import tables as report_tables
 from .manifest import (
-    SUMMARY_MARKER, SUMMARY_NAME, ForeignFileError, check_overwrites, read_manifest, refuse_symlinks, remove_stale,
-    write_manifest,
+    SUMMARY_MARKER, SUMMARY_NAME, ForeignFileError, check_overwrites, content_hash, read_manifest,
+    refuse_special_files, refuse_symlinks, remove_stale, write_manifest,
 )
 from .claims import write_claims
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
@@ -131,7 +132,7 @@ def _convert_numeric(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
     for column in (c for c in COLUMNS if c in runs.columns and c not in TEXT_COLUMNS):
         runs[column] = pd.to_numeric(runs[column].str.strip(), errors="coerce")  # "" and junk become NaN
     for column in INTEGER_KEYS:
-        bad = runs.index[runs[column].isna()]
+        bad = runs.index[~np.isfinite(runs[column])]  # tokens=1e400 reads as inf: no integer either
         if len(bad):
             lines = ", ".join(str(i + 2) for i in bad[:5])  # +2: the header is line 1
             raise ReportError(f"{path}: column {column!r} is empty or not a number on line(s) {lines}")
@@ -168,10 +169,20 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
         sweep_dir = sweep_dir.parent
     try:  # before any work: a folder the report may not write into is refused at once
         refuse_symlinks(sweep_dir)
+        refuse_special_files(sweep_dir)  # a FIFO would hang the report, a folder fail it midway
         check_overwrites(sweep_dir, [SUMMARY_NAME], read_manifest(sweep_dir))
     except ForeignFileError as error:
         raise ReportError(str(error)) from None
     runs = load_runs(sweep_dir / "runs.csv")
+    try:
+        return _build(sweep_dir, runs, claims)
+    except OSError as error:  # a full disk: the staging folder goes, the previous report and runs.csv stay
+        raise ReportError(f"cannot write the report into {sweep_dir} ({error.strerror or error}); the previous "
+                          "report and runs.csv are as they were: free space and rerun") from None
+
+
+def _build(sweep_dir: Path, runs: pd.DataFrame, claims: str | None) -> list[Path]:
+    """`build_report` once the folder is checked and runs.csv read."""
     # Everything is written into a staging folder beside the old report and moved over it only once complete,
     # file by file with os.replace: a failure (or a kill) midway leaves the previous report as it was.
     staging = Path(tempfile.mkdtemp(prefix=".report-", dir=sweep_dir))
@@ -304,12 +315,13 @@ def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
         check_overwrites(sweep_dir, names, previous)
     except ForeignFileError as error:
         raise ReportError(str(error)) from None
-    write_manifest(sweep_dir, (previous or set()) | set(names))
+    hashes = {name: content_hash(staging / name) for name in names}  # what is ours is what we wrote
+    write_manifest(sweep_dir, {**(previous or {}), **hashes})
     for path in written:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / path.relative_to(sweep_dir), path)
     remove_stale(sweep_dir, previous, names)
-    write_manifest(sweep_dir, names)
+    write_manifest(sweep_dir, hashes)
 
 
 def cost_curve_rows(runs: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -106,8 +108,10 @@ def _map_files(sweep_dir: Path, runs: pd.DataFrame) -> list[tuple[dict, dict[str
                 maps = {stage: f[stage].astype(np.float64) for stage in STAGES if stage in f.files}
                 patch = int(f["patch_size"])
                 method = str(f["method"]) if "method" in f.files else ""
-        except (OSError, KeyError, ValueError):
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):
             continue  # a foreign or truncated file: not ours to report
+        if not isinstance(key, dict):  # a key of another shape ("[1, 2]"): not a map the sweep saved
+            continue
         key = normalised_key(key)
         if tuple(key_text(key[c]) for c in KEY_COLUMNS) in known:
             found.append((key, maps, patch, method))

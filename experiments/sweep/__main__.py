@@ -24,7 +24,8 @@ from .config import (GRID_FIELDS, SWEEP_FIELDS, ConfigError, SweepConfig, _diges
                      union_points)
 from .lr_stages import seed_points, stage_lines
 from .plan import Budget, Planner, budget_order, load_note, plan_lines, side_by_side_order
-from .machine import busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus
+from .machine import (busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus,
+                      with_limits_given)
 from .device_peak import with_device_peak
 from .out_dir import OutDirError, SweepLock, check_out_dir
 from .references import check_clean_tree
@@ -68,8 +69,8 @@ _FIELD_FLAGS = {
     "dataset": dict(help=f"data set to train on: {', '.join(DATASET_NAMES)}"),
     "data_dir": dict(metavar="DIR", help="folder of cifar10/cifar100/imagefolder data"),
     "data_path": dict(metavar="FILE", help="the .npz file for --dataset npz"),
-    "timeout_s": dict(type=float, metavar="S", help="per-point time limit, raised for a point whose predicted cost on "
-                      "this machine needs more; a point over its limit is recorded as timeout"),
+    "timeout_s": dict(type=float, metavar="S", help="per-point time limit in seconds; a point over it is recorded as "
+                      "timeout (default: chosen per point from its predicted cost on this machine, at least 30 min)"),
     "memory_limit_mb": dict(type=int, metavar="MB", help="CPU: cap on the address space one point may add (emulates "
                             "less memory; thread stacks and allocator arenas count, so tensors hit it sooner)"),
     "num_threads": dict(type=int, metavar="T", help="CPU threads per point (0: the cores free when the sweep starts)"),
@@ -290,6 +291,8 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     load_start, machine_note = load_average(), ""
     if slurm_partition is None:  # points run on this machine: fit them to what it has free now
         todo, load_start, machine_note = _fit_to_machine(todo)
+    else:
+        todo = with_limits_given(todo)
     wall = MemoryWall()
     if not retry_failed:
         for row in done.values():
@@ -394,12 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.save_weights:
             points = with_weights_paths(points, config.out_dir)
         data_notes = check_environment(config, dry_run=args.dry_run)
+        check_mixers_run_or_refuse(points)
         if not args.slurm:
             check_threads(points)
         for path in args.calibrate_from:
             check_calibration_file(path)
+        # A dry run checks the folder too (creating nothing), before it plans: a bad --out is said at once, not
+        # after a plan that the real run would then refuse.
+        check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
         if not args.dry_run:
-            check_out_dir(config.out_dir, reuse=args.reuse_out, report=not args.no_report)
             check_clean_tree(config.out_dir, args.allow_dirty)
         done_rows = read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running
         check_thread_counts(points, done_rows, config.out_dir)
@@ -592,6 +598,16 @@ def check_environment(config: SweepConfig, dry_run: bool = False) -> list[str]:
                              "train_samples; without them the time is unknown); a real run needs the file "
                              "(--data-path)")
     return notes
+
+
+def check_mixers_run_or_refuse(points: list[Point]) -> None:
+    """A mixer whose options cannot run on this CPU would fail every one of its points: refuse it up front."""
+    from .mixer_smoke import check_mixers_run
+
+    try:
+        check_mixers_run(points)
+    except ValueError as error:
+        raise ConfigError(f"mixer_options: {error}") from None
 
 
 def check_compile(device: str) -> None:

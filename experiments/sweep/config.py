@@ -78,7 +78,9 @@ class SweepConfig:
     data_path: str = ""
     measure_train_step: bool = True
     erf: bool = False  # training points save effective receptive field maps to <out>/erf/<key hash>.npz
-    timeout_s: float = 1800.0
+    # Per-point limit in seconds, and a limit: a point past it is a timeout row. 0 (not given): each point's limit
+    # is chosen from its predicted cost on this machine, at least 30 minutes (experiments/sweep/machine.py).
+    timeout_s: float = 0.0
     memory_limit_mb: int = 0  # CPU only: cap on what one point may allocate, 0 = none
     num_threads: int = 0  # 0 = torch's default
     # CPU training points that run at once, each in its own process on num_threads threads (given explicitly): on
@@ -279,6 +281,9 @@ class SweepConfig:
                 build_model(probe, device="meta")
             except (TypeError, ValueError) as error:
                 raise ConfigError(f"overrides for {mixer} ({preset}): {error}") from None
+            except RuntimeError as error:  # a mixer that does not check an option's range (a user's own)
+                raise ConfigError(f"overrides for {mixer} ({preset}): its options do not build "
+                                  f"({str(error).splitlines()[0] if str(error) else 'RuntimeError'})") from None
 
     def model_overrides(self, mixer: str) -> dict:
         return {**self.overrides.get("*", {}), **self.overrides.get(mixer, {})}
@@ -286,8 +291,8 @@ class SweepConfig:
 
 def _check_lr_grid(config: SweepConfig) -> None:
     """A grid chooses on validation accuracy, so the recipe must hold a validation split out."""
-    if any(not (isinstance(lr, float) and math.isfinite(lr) and lr > 0) for lr in config.lr_grid):
-        raise ConfigError(f"lr_grid must hold learning rates > 0, got {list(config.lr_grid)}")
+    if any(not (isinstance(lr, float) and math.isfinite(lr) and 0 < lr <= MAX_LR) for lr in config.lr_grid):
+        raise ConfigError(f"lr_grid must hold learning rates > 0 and <= {MAX_LR:g}, got {list(config.lr_grid)}")
     if "lr" in config.train:
         raise ConfigError("train.lr: the rate comes from lr_grid; remove lr from [train] (or lr_grid)")
     if not config.train.get("val_fraction"):
@@ -386,6 +391,8 @@ LIMITS: dict[str, int] = {
     "parallel": 4096,
 }
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding (np.random.seed, in training) takes 0 .. 2**32 - 1
+# A learning rate past this is a typo (AdamW trains at ~1e-4 .. 1e-2); 1e300 makes every step non-finite.
+MAX_LR = 10.0
 MAX_OVERRIDE_INT = 65_536  # any integer in `overrides` (dim, depth, heads, window sizes, state sizes)
 # The grid lists a point is a product of: an empty one would run nothing and exit 0. (`mixers` is left out: its
 # empty value is documented to mean every registered mixer.)
@@ -431,6 +438,9 @@ def check_fields(config: SweepConfig, where: str) -> None:
     if any(not 0 <= s <= MAX_SEED for s in config.seeds):  # else every point would fail on the same seed
         raise ConfigError(f"{prefix}seeds must be integers in 0 .. {MAX_SEED} (what numpy's seeding takes), "
                           f"got {list(config.seeds)}")
+    if any(not 0 <= s <= MAX_SEED for s in config.lr_grid_seeds):
+        raise ConfigError(f"{prefix}lr_grid_seeds must be integers in 0 .. {MAX_SEED} (what numpy's seeding takes), "
+                          f"got {list(config.lr_grid_seeds)}")
     if config.device not in DEVICES:
         raise ConfigError(f"{prefix}device must be one of {', '.join(DEVICES)}, got {config.device!r}")
     if config.dtype not in DTYPES:
@@ -445,8 +455,9 @@ def check_fields(config: SweepConfig, where: str) -> None:
                           f"{list(config.timing_modes)}")
     if config.epochs < 0:
         raise ConfigError(f"{prefix}epochs must be >= 0, got {config.epochs}")
-    if not (math.isfinite(config.timeout_s) and config.timeout_s > 0):
-        raise ConfigError(f"{prefix}timeout_s must be a finite number of seconds > 0, got {config.timeout_s}")
+    if not (math.isfinite(config.timeout_s) and config.timeout_s >= 0):
+        raise ConfigError(f"{prefix}timeout_s must be a finite number of seconds > 0 (or 0: chosen per point from "
+                          f"its predicted cost), got {config.timeout_s}")
     if config.memory_limit_mb < 0:
         raise ConfigError(f"{prefix}memory_limit_mb must be >= 0 (0: no cap), got {config.memory_limit_mb}")
     if config.num_threads < 0:

@@ -64,16 +64,29 @@ def _mixer_elements(mixer: str, module: object, grid: tuple[int, int]) -> float:
     return 0.0
 
 
-@lru_cache(maxsize=4096)
-def _work_of(mixer: str, preset: str, overrides: str, img_size: int, patch_size: int) -> tuple[float, ...]:
+@lru_cache(maxsize=256)
+def _model_of(mixer: str, preset: str, overrides: str, patch_size: int) -> tuple[object, int]:
+    """A meta-device model of one setting at its smallest image (grid 1 x 1), and its trainable parameters less
+    the position embedding (the one part that grows with the grid). Building is the slow part of a plan (about
+    0.1 s, most of it initialising on the meta device), so a setting is built once for every size it is asked at."""
     from ..measure.run import build_model
 
-    model = build_model(Point(mixer=mixer, preset=preset, img_size=img_size, patch_size=patch_size, batch_size=1,
+    model = build_model(Point(mixer=mixer, preset=preset, img_size=patch_size, patch_size=patch_size, batch_size=1,
                               overrides=overrides), device="meta")
-    depth, dim = model.config.depth, model.config.dim
-    mixer_elems = [_mixer_elements(mixer, block.mixer, model.grid) for block in model.blocks]
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return (float(model.macs()), float(model.tokens * dim * depth), float(sum(mixer_elems)),
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad) - model.pos_embed.numel()
+    return model, params
+
+
+@lru_cache(maxsize=4096)
+def _work_of(mixer: str, preset: str, overrides: str, img_size: int, patch_size: int) -> tuple[float, ...]:
+    from models import resolve_img_size
+
+    model, grid_free_params = _model_of(mixer, preset, overrides, patch_size)
+    grid = resolve_img_size(img_size, patch_size)
+    tokens, depth, dim = grid[0] * grid[1], model.config.depth, model.config.dim
+    mixer_elems = [_mixer_elements(mixer, block.mixer, grid) for block in model.blocks]
+    params = grid_free_params + tokens * dim  # the position embedding, (1, N, dim)
+    return (float(model.macs(grid)), float(tokens * dim * depth), float(sum(mixer_elems)),
             float(max(mixer_elems, default=0.0)), float(params), float(depth))
 
 
@@ -133,6 +146,12 @@ class Fit:
     coef: np.ndarray
     rows: int
     scope: str  # "mixer" (fitted to this mixer's rows) or "pooled" (all mixers' rows, too few of its own)
+    sizes: frozenset[tuple[int, int]] = frozenset()  # the (tokens, batch) it was fitted at
+
+    def reaches(self, w: Work) -> bool:
+        """Whether this fit may predict `w`: a fit of one size is a constant (the fixed cost alone fits it
+        exactly), which says nothing about another size, so it answers only at its own."""
+        return self.rows >= 2 or (w.tokens, w.batch) in self.sizes
 
 
 @dataclass
@@ -216,6 +235,8 @@ class CostModel:
 
     def predict(self, point: Point, target: str) -> float | None:
         fit = self.fit_for(point, target)
+        if fit is not None and not fit.reaches(work(point)):
+            fit = None
         if fit is None:
             return analytic_memory_mb(target, work(point)) if "mem" in target else None
         value = float(features(target, work(point)) @ fit.coef)
@@ -229,8 +250,8 @@ class CostModel:
 def _fit(target: str, pairs: list[tuple[Work, float]], scope: str) -> Fit:
     x = np.array([features(target, w) for w, _ in pairs])
     y = np.array([v * (MiB if "mem" in target else 1.0) for _, v in pairs])
-    distinct = len({(w.tokens, w.batch) for w, _ in pairs})
-    return Fit(coef=nonnegative_fit(x, y), rows=distinct, scope=scope)
+    sizes = frozenset((w.tokens, w.batch) for w, _ in pairs)
+    return Fit(coef=nonnegative_fit(x, y), rows=len(sizes), scope=scope, sizes=sizes)
 
 
 def _number(value: object) -> float | None:

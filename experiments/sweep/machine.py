@@ -7,8 +7,8 @@ ran a training epoch 4x slower than on a quiet machine, and 2.5x slower than one
 - sets `OMP_WAIT_POLICY=PASSIVE` for its workers (isolation.py, before the fork server starts), so a waiting
   thread sleeps instead of taking the core from the thread it waits for;
 - runs each CPU point on the cores that were free when the sweep started (`num_threads = 0`);
-- gives each point a time limit relative to its predicted cost on this machine at this load (a calibrated
-  matmul rate), never less than the configured `timeout_s`;
+- keeps a user's `timeout_s` as each point's limit; where none was given (0), gives each point a limit relative to
+  its predicted cost on this machine at this load (a calibrated matmul rate), never less than `AUTOMATIC_FLOOR_S`;
 - records the 1-minute load average at the sweep's start and at each point's end in every row.
 """
 from __future__ import annotations
@@ -25,6 +25,9 @@ from ..measure.point import Point
 # overhead, data generation or counting), so it is a floor on the real time, and a generous multiple of it only
 # stops points that are truly stuck or far beyond their size.
 LIMIT_MULTIPLE = 20.0
+# The least limit a point gets when the user gave none: a hung point is stopped after this long at most when its
+# prediction is small (or unknown).
+AUTOMATIC_FLOOR_S = 1800.0
 
 
 def usable_cpus() -> int:
@@ -112,13 +115,22 @@ def predicted_macs(point: Point, macs_per_image: int) -> float:
 
 
 def time_limit(point: Point, macs_per_image: int | None, rate: float) -> float:
-    """The point's limit in seconds: `LIMIT_MULTIPLE` x its predicted time at `rate`, at least `point.timeout_s`,
-    plus the timed minimum the protocol asks for."""
-    if not macs_per_image or not rate > 0:
+    """The point's limit in seconds: the user's `point.timeout_s` where given (a limit is a limit: a prediction
+    that assumes 50,000 samples must not stretch 5 s into hours); otherwise (0) `LIMIT_MULTIPLE` x its predicted
+    time at `rate` plus the timed minimum the protocol asks for, at least `AUTOMATIC_FLOOR_S`."""
+    if point.timeout_s > 0:
         return point.timeout_s
+    if not macs_per_image or not rate > 0:
+        return AUTOMATIC_FLOOR_S
     timed = point.timing.min_time_s * (2 if point.measure_train_step else 1)
     predicted = predicted_macs(point, macs_per_image) / rate + timed
-    return max(point.timeout_s, LIMIT_MULTIPLE * predicted)
+    return max(AUTOMATIC_FLOOR_S, LIMIT_MULTIPLE * predicted)
+
+
+def with_limits_given(points: list[Point]) -> list[Point]:
+    """The points with a limit of `AUTOMATIC_FLOOR_S` where none was given, for a launcher that predicts nothing
+    (a cluster's job runs on another machine)."""
+    return [p if p.timeout_s > 0 else replace(p, timeout_s=AUTOMATIC_FLOOR_S) for p in points]
 
 
 def fit_to_machine(points: list[Point], threads: int, rate: float, macs: dict) -> list[Point]:

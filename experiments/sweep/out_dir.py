@@ -18,7 +18,8 @@ import socket
 from pathlib import Path
 
 from ..report.manifest import (
-    MANIFEST_NAME, SUMMARY_NAME, ForeignFileError, check_overwrites, read_manifest, refuse_symlinks,
+    MANIFEST_NAME, SUMMARY_NAME, ForeignFileError, check_overwrites, read_manifest, refuse_special_files,
+    refuse_symlinks,
 )
 
 LOCK_NAME = ".sweep.lock"
@@ -62,6 +63,7 @@ def check_out_dir(out_dir: Path, *, reuse: bool = False, report: bool = True) ->
         return  # a new folder: nothing in it to protect
     try:
         refuse_symlinks(out_dir)
+        refuse_special_files(out_dir)
     except ForeignFileError as error:
         raise OutDirError(str(error).replace("choose another folder", "choose another --out")) from None
     runs = out_dir / "runs.csv"
@@ -79,6 +81,16 @@ def check_out_dir(out_dir: Path, *, reuse: bool = False, report: bool = True) ->
         except ForeignFileError:
             raise OutDirError(f"{out_dir / SUMMARY_NAME} was not written by the report, which would overwrite it; "
                               "move it away, choose another --out, or add --no-report") from None
+        # A table of the report's name that the report did not write (--reuse-out beside a user's
+        # tables/costs.csv) is refused now, not after every point ran; other names there are the user's to keep.
+        from ..report.build import TABLE_CAPTIONS
+
+        tables = [f"tables/{stem}{suffix}" for stem in TABLE_CAPTIONS for suffix in (".csv", ".md", ".tex")]
+        try:
+            check_overwrites(out_dir, tables, read_manifest(out_dir))
+        except ForeignFileError as error:
+            raise OutDirError(f"{str(error).split('; move it', 1)[0]}; move it away, choose another --out, or add "
+                              "--no-report") from None
 
 
 def _left_by_a_sweep(entry: Path) -> bool:

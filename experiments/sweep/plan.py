@@ -271,7 +271,13 @@ class Planner:
         if self.predict(point).point_s is not None:
             return None
         targets = ["latency_ms", "overhead_s"] + (["train_step_ms"] if point.measure_train_step else [])
-        if any(self.model.fit_for(point, t) is None for t in targets):
+        fits = [self.model.fit_for(point, t) for t in targets]
+        if any(f is not None and not f.reaches(work(point)) for f in fits):
+            group = CostModel.group(point).rstrip("|")
+            return (f"{group} was measured at one size only (the calibration kept one point), and one size cannot "
+                    "extrapolate to another; memory is the analytic estimate; give --calibrate-from a runs.csv of "
+                    "two sizes or more, or a sweep (not a dry run) calibrates as it goes")
+        if any(f is None for f in fits):
             group = CostModel.group(point).rstrip("|")
             if _device_here(point.device):
                 return (f"no measured row of {group}: the calibration did not reach it within its bound; a sweep "
@@ -320,9 +326,10 @@ def calibration_points(points: list[Point], have: list[tuple[Point, dict]]) -> l
         covered.setdefault(CostModel.group(point), set()).add(point.tokens * point.batch_size)
     chosen: dict[tuple, Point] = {}
     by_group: dict[tuple, list[Point]] = {}
+    train_step = any(q.measure_train_step or q.epochs > 0 for q in points)  # once: per point it was quadratic
     for p in points:
         p = dataclasses.replace(p, epochs=0, dataset="", train="{}", checkpoint_dir="", timing=CALIBRATION_TIMING,
-                                batch_size=1, measure_train_step=any(q.measure_train_step or q.epochs > 0 for q in points))
+                                batch_size=1, measure_train_step=train_step)
         by_group.setdefault((CostModel.group(p), p.preset, p.overrides), []).append(p)
     for (group, _, _), group_points in by_group.items():
         if len(covered.get(group, ())) >= 3:
