@@ -34,7 +34,7 @@ from pathlib import Path
 from ..measure.graphed import TIMING_MODES
 from ..measure.point import Point, canonical_json
 from ..measure.timing import TimingProtocol
-from ..schema import MAX_BATCH
+from ..schema import CURVES_DIR, MAX_BATCH
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -212,10 +212,12 @@ class SweepConfig:
         ]
         if not self.epochs:
             return points
-        # A training point checkpoints every epoch under a folder named by its key, so a rerun resumes it; its
-        # receptive field maps are named by the same hash, so the report can match them to their row.
-        erf = self.out_dir / "erf"
+        # A training point checkpoints at every evaluation under a folder named by its key, so a rerun resumes
+        # it; its learning curve and receptive field maps are named by the same hash, so the report can match
+        # them to their row.
+        erf, curves = self.out_dir / "erf", self.out_dir / CURVES_DIR
         return [dataclasses.replace(p, checkpoint_dir=str(checkpoints / _digest(p.key)),
+                                    curve_path=str(curves / f"{_digest(p.key)}.csv"),
                                     erf_path=str(erf / f"{_digest(p.key)}.npz") if self.erf else "")
                 for p in points]
 
