@@ -111,6 +111,8 @@ def test_rule_as_a_function_of_the_history() -> None:
     assert last_improvement(samples, flat, min_delta=0.01) == 200
     assert plateau_seen(samples, flat, patience_samples=300, min_delta=0.01)
     assert not plateau_seen(samples, flat, patience_samples=301, min_delta=0.01)
+    at_chance = [0.5, 0.505, 0.498, 0.502, 0.5, 0.507]  # never improved on its start: waiting, not converged
+    assert not plateau_seen(samples, at_chance, patience_samples=100, min_delta=0.01)
     climbing = [0.5, 0.52, 0.54, 0.56, 0.58, 0.60]
     assert not plateau_seen(samples, climbing, patience_samples=100, min_delta=0.01)
     # Slow gains that add up count once they pass min_delta over the best so far.

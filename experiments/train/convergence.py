@@ -1,8 +1,12 @@
 """The convergence rule and the two numbers of a training, as pure functions of its learning curve.
 
-A training has converged when its validation accuracy has not improved by at least `min_delta` over the last
-`patience` samples (Keras' EarlyStopping, counted in samples seen rather than epochs so that trainings of
-different lengths compare). The rule only decides when the end begins: the training then anneals its rate
+A training has converged when its validation accuracy, having improved on its first evaluation, has not improved
+by at least `min_delta` over the last `patience` samples (Keras' EarlyStopping, counted in samples seen rather
+than epochs so that trainings of different lengths compare). A curve that never rose above its first evaluation
+is not a plateau: tasks such as reach are learnt in a sudden drop of the loss after a flat stretch at chance whose
+length varies by mixer and seed, and a rule that stopped there would report chance as what the mixer converged to
+(a default sweep with that rule stopped every mixer but attention at chance after two of eight epochs). Such a
+training runs to its maximum budget and says it did not converge. The rule only decides when the end begins: the training then anneals its rate
 (experiments/train/schedule.py) and stops. From the finished curve come the two numbers a row reports: where the
 best accuracy was first reached (within `min_delta`) and where a stated target accuracy was first reached.
 """
@@ -32,8 +36,10 @@ def last_improvement(samples: Sequence[int], accuracies: Sequence[float], min_de
 
 def plateau_seen(samples: Sequence[int], accuracies: Sequence[float], *, patience_samples: int,
                  min_delta: float) -> bool:
-    """True when the curve has gone `patience_samples` or more without an improvement of `min_delta`."""
-    return samples[-1] - last_improvement(samples, accuracies, min_delta) >= patience_samples
+    """True when the curve improved on its first evaluation and has since gone `patience_samples` or more without
+    an improvement of `min_delta`."""
+    at = last_improvement(samples, accuracies, min_delta)
+    return at > samples[0] and samples[-1] - at >= patience_samples
 
 
 @dataclass(frozen=True)
