@@ -15,8 +15,8 @@ Generated tasks (pathfinder, reach) also give ``DatasetBundle.fresh_train``: a n
 generator seed ``fresh_seed(seed, epoch)`` (a hash of both, never one of the small seeds the fixed splits use), so a
 long training cannot memorise a fixed set; validation (held out of the fixed train split) and test stay fixed.
 A fresh reach set costs about 0.1 s per epoch (6,000 images at 32 px); a fresh pathfinder set is slow to draw
-(tens of seconds for 10,000 images at 32 px on one core), so it is generated in the training process (one worker)
-and cached like the fixed splits, keyed by its seed: all mixers of a sweep share it.
+(tens of seconds for 10,000 images at 32 px on one core), so it is generated with the bundle's `workers` (one
+process per core by default) and cached like the fixed splits, keyed by its seed: all mixers of a sweep share it.
 - ``cifar10`` / ``cifar100``: torchvision's loaders reading ``data_dir``; they download there when online. Offline
   with the files missing, a ``DatasetError`` says which folder and files to put where, or to use ``npz``.
 - ``npz``: a file at ``data_path`` with arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` (images uint8, HWC
@@ -102,7 +102,7 @@ def _pathfinder(
         # Cached as the fixed splits are: every mixer of a sweep trains on the same (seed, epoch) sets, so they are
         # drawn once per sweep (about as long as a micro model's training epoch on 2 cores), not once per point.
         data = load_pathfinder(n, img_size, variant=variant, seed=fresh_seed(seed, epoch), cache_dir=data_dir,
-                               workers=1)
+                               workers=workers)
         return torch.from_numpy(data.images)[:, None], torch.from_numpy(data.labels)  # (n, 1, H, W)
 
     origin = f"LRA table row {params.defined_at} px" if variant == "lra" else "scaled scene"
