@@ -110,6 +110,16 @@ def test_sweep_runs_the_grid_then_the_seeds_at_the_chosen_rate(tmp_path: Path, c
     seeds = [r for r in rows if r["lr_stage"] == "seed"]
     assert len(grid) == 4 and {r["seed"] for r in grid} == {"0"} and len(seeds) == 2
     assert all(r["val_samples"] == "20" and r["train_samples"] == "60" and r["trainer"] == "device" for r in rows)
+    # Every training leaves its learning curve under curves/, named by its key's hash, its key on every row.
+    from experiments.measure.point import point_key
+    from experiments.sweep.config import _digest
+    from experiments.train.curve import read_curve
+
+    for row in rows:
+        curve = read_curve(out / "curves" / f"{_digest(point_key(row))}.csv")
+        # 2 optimizer steps (60 images, batch 32, 1 epoch): fewer than eval_points, so one evaluation a step
+        assert len(curve) == int(row["curve_points"]) == 3 and curve[0]["samples_seen"] == "0"
+        assert {c["seed"] for c in curve} == {row["seed"]} and row["stop_reason"] == "max_budget"
     for seed_row in seeds:
         mine = {float(r["lr"]): float(r["val_accuracy"]) for r in grid if r["mixer"] == seed_row["mixer"]}
         best = max(mine.values())
