@@ -113,6 +113,10 @@ def test_rule_as_a_function_of_the_history() -> None:
     assert not plateau_seen(samples, flat, patience_samples=301, min_delta=0.01)
     at_chance = [0.5, 0.505, 0.498, 0.502, 0.5, 0.507]  # never improved on its start: waiting, not converged
     assert not plateau_seen(samples, at_chance, patience_samples=100, min_delta=0.01)
+    # From below chance onto the majority class (0.47 -> 0.51): a gain, but no learning.
+    collapsed = [0.47, 0.51, 0.51, 0.505, 0.51, 0.51]
+    assert plateau_seen(samples, collapsed, patience_samples=300, min_delta=0.03)
+    assert not plateau_seen(samples, collapsed, patience_samples=300, min_delta=0.03, chance=0.5)
     climbing = [0.5, 0.52, 0.54, 0.56, 0.58, 0.60]
     assert not plateau_seen(samples, climbing, patience_samples=100, min_delta=0.01)
     # Slow gains that add up count once they pass min_delta over the best so far.

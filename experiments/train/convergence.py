@@ -2,8 +2,8 @@
 
 A training has converged when its validation accuracy, having improved on its first evaluation, has not improved
 by at least `min_delta` over the last `patience` samples (Keras' EarlyStopping, counted in samples seen rather
-than epochs so that trainings of different lengths compare). A curve that never rose above its first evaluation
-is not a plateau: tasks such as reach are learnt in a sudden drop of the loss after a flat stretch at chance whose
+than epochs so that trainings of different lengths compare). A curve that never rose above its first evaluation,
+or above chance (the majority class's share of the validation split), is not a plateau: tasks such as reach are learnt in a sudden drop of the loss after a flat stretch at chance whose
 length varies by mixer and seed, and a rule that stopped there would report chance as what the mixer converged to
 (a default sweep with that rule stopped every mixer but attention at chance after two of eight epochs). Such a
 training runs to its maximum budget and says it did not converge. The rule only decides when the end begins: the training then anneals its rate
@@ -35,11 +35,13 @@ def last_improvement(samples: Sequence[int], accuracies: Sequence[float], min_de
 
 
 def plateau_seen(samples: Sequence[int], accuracies: Sequence[float], *, patience_samples: int,
-                 min_delta: float) -> bool:
-    """True when the curve improved on its first evaluation and has since gone `patience_samples` or more without
-    an improvement of `min_delta`."""
+                 min_delta: float, chance: float = 0.0) -> bool:
+    """True when the curve improved on its first evaluation, rose at least `min_delta` above `chance` (what a
+    constant prediction scores: collapsing onto the majority class from a below-chance start is not learning),
+    and has since gone `patience_samples` or more without an improvement of `min_delta`."""
     at = last_improvement(samples, accuracies, min_delta)
-    return at > samples[0] and samples[-1] - at >= patience_samples
+    learnt = max(accuracies) >= chance + min_delta
+    return learnt and at > samples[0] and samples[-1] - at >= patience_samples
 
 
 @dataclass(frozen=True)

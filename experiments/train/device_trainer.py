@@ -202,6 +202,8 @@ def train_on_device(
     schedule = make_schedule(recipe, steps_per_epoch)
     eval_every = eval_interval(recipe, schedule.total_steps)
     patience_samples = math.ceil(recipe.patience * recipe.epochs * n_train) if recipe.patience is not None else None
+    # What a constant prediction scores on the validation split: the rule does not call a curve there converged.
+    chance = (int(torch.bincount(val.labels.cpu()).max()) / len(val)) if val is not None and len(val) else 0.0
     criterion = nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -240,7 +242,7 @@ def train_on_device(
             state["final_train_loss"] = train_loss
         if (patience_samples is not None and not schedule.decaying(step)
                 and plateau_seen([r["samples_seen"] for r in curve], [r["val_accuracy"] for r in curve],
-                                 patience_samples=patience_samples, min_delta=recipe.min_delta)):
+                                 patience_samples=patience_samples, min_delta=recipe.min_delta, chance=chance)):
             schedule.begin_decay(step)
             state["stop_reason"] = "plateau"
         state["curve"] = curve
