@@ -117,6 +117,8 @@ def test_rule_as_a_function_of_the_history() -> None:
     collapsed = [0.47, 0.51, 0.51, 0.505, 0.51, 0.51]
     assert plateau_seen(samples, collapsed, patience_samples=300, min_delta=0.03)
     assert not plateau_seen(samples, collapsed, patience_samples=300, min_delta=0.03, chance=0.5)
+    blip = [0.505, 0.5575, 0.495, 0.505, 0.5, 0.505]  # one noisy evaluation above chance, then chance again
+    assert not plateau_seen(samples, blip, patience_samples=300, min_delta=0.03, chance=0.5)
     climbing = [0.5, 0.52, 0.54, 0.56, 0.58, 0.60]
     assert not plateau_seen(samples, climbing, patience_samples=100, min_delta=0.01)
     # Slow gains that add up count once they pass min_delta over the best so far.
