@@ -93,7 +93,9 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "accuracy_by_bucket",
     "final_train_loss",
     # the learning curve and the convergence rule (experiments/train; the curve itself in curves/<key hash>.csv)
-    "converged",  # True: stopped by the rule (validation stopped improving); False: ended at the maximum budget
+    # True: stopped by the rule (validation stopped improving); False: ended at the maximum budget under the rule;
+    # "": the recipe set no rule (nothing judged it)
+    "converged",
     "stop_reason",  # plateau | max_budget | diverged | "" (no training, or trained before the rule existed)
     "converged_samples",  # samples seen when the best validation accuracy was first reached (within min_delta)
     "target_accuracy",  # the validation accuracy, in [0, 1], whose first reach the next two columns time

@@ -14,14 +14,13 @@ from torch.nn import functional as F
 
 from experiments.train.data_arrays import ArrayDataset, AugmentedArrayDataset
 from experiments.train.device_data import DeviceSplit, DeviceView, crop_flip, epoch_draws, to_device
-from experiments.train.device_trainer import make_optimizer, train_on_device
-from experiments.train.recipe import CHECKPOINT_NAME, TrainRecipe, WarmupCosine, _epoch_seed
+from experiments.train.device_trainer import make_optimizer, make_schedule, train_on_device
+from experiments.train.recipe import CHECKPOINT_NAME, TrainRecipe, _epoch_seed
 from experiments.train.validation import validation_indices
 from models import create_vit
 
 IMG, PATCH, CLASSES, N_TRAIN = 16, 4, 3, 90
-RECIPE = TrainRecipe(epochs=2, batch_size=16, lr=3e-3, warmup_epochs=0.5, val_fraction=0.2, trainer="device",
-                     eval_batch_size=32)
+RECIPE = TrainRecipe(epochs=2, batch_size=16, lr=3e-3, warmup_epochs=0.5, val_fraction=0.2, eval_batch_size=32)
 
 
 def arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,8 +78,7 @@ def reference_loop(model: nn.Module, train: DeviceSplit, view: DeviceView, recip
     images, labels = train.images[torch.as_tensor(keep)], train.labels[torch.as_tensor(keep)]
     steps = math.ceil(len(keep) / recipe.batch_size)
     optimizer = make_optimizer(model, recipe, torch.device("cpu"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, WarmupCosine(round(recipe.warmup_epochs * steps), recipe.epochs * steps, recipe.min_lr / recipe.lr))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, make_schedule(recipe, steps))
     criterion = nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
     for epoch in range(recipe.epochs):
         model.train()
@@ -142,7 +140,7 @@ def test_resume_after_interrupt_is_bit_exact(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="simulated crash"):
         train_on_device(crashing, train, test, view, recipe, dtype=torch.float32, seed=0, checkpoint_dir=tmp_path)
     # Tensors and plain values only: the checkpoint loads without unpickling arbitrary objects.
-    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["epoch"] == 1
+    assert 0 < torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] <= 6
 
     resumed_model = tiny_vit(seed=123)  # other initial weights: the result must come from the checkpoint
     resumed = train_on_device(resumed_model, train, test, view, recipe, dtype=torch.float32, seed=0,
@@ -158,7 +156,8 @@ def test_damaged_checkpoint_is_moved_aside(tmp_path: Path) -> None:
     train, test, view = splits()
     run = train_on_device(tiny_vit(), train, test, view, RECIPE, dtype=torch.float32, seed=0, checkpoint_dir=tmp_path)
     assert run.result.status == "ok"
-    assert (tmp_path / f"{CHECKPOINT_NAME}.damaged").read_bytes() == b"not a checkpoint"
+    (aside,) = tmp_path.glob(f"{CHECKPOINT_NAME}.bad-*")
+    assert aside.read_bytes() == b"not a checkpoint"
 
 
 def test_checkpoint_of_another_recipe_is_refused(tmp_path: Path) -> None:
@@ -177,4 +176,5 @@ def test_divergence_stops_with_status() -> None:
         model.head.weight.fill_(float("inf"))
     run = train_on_device(model, train, test, view, recipe, dtype=torch.float32, seed=0)
     assert run.result.status == "diverged" and "non-finite at epoch 1" in run.result.error
+    assert run.rule_columns["stop_reason"] == "diverged" and run.curve[0]["optimizer_steps"] == 0
     assert run.result.accuracy is None and run.val_accuracy is None

@@ -16,7 +16,7 @@ from experiments.report.crossover import accuracy_rows
 from experiments.sweep.__main__ import main
 from experiments.sweep.runs_file import read_rows
 from experiments.train.datasets import build_dataset
-from experiments.train.validation import split_validation, validation_indices
+from experiments.train.validation import validation_indices
 
 import tiny_sweep
 
@@ -73,17 +73,18 @@ def test_validation_split_is_disjoint_from_train_and_test(tmp_path: Path) -> Non
     np.savez(path, x_train=images(np.arange(200)), y_train=np.zeros(200, np.uint8),
              x_test=images(np.arange(1000, 1050)), y_test=np.zeros(50, np.uint8))
     bundle = build_dataset("npz", data_path=path, img_size=8, train_samples=120, rand_augment="")
-    train, held_out = split_validation(bundle.train, 0.25, seed=0)
+    # What the training loop holds out (device_trainer.train_on_device): these indices of the training split.
+    train_idx, val_idx = validation_indices(len(bundle.train), 0.25, seed=0)
+    stored = bundle.train.images.astype(int)  # (N, H, W, C) uint8 as stored
 
-    def ids(dataset) -> set[int]:
-        return {int(round(float(x[0, 0, 0] * s0 + m0) * 255)) * 256 + int(round(float(x[1, 0, 0] * s1 + m1) * 255))
-                for x, _ in (dataset[i] for i in range(len(dataset)))}
+    def ids(index: np.ndarray) -> set[int]:
+        return {int(i) for i in stored[index][:, 0, 0, 0] * 256 + stored[index][:, 0, 0, 1]}
 
     m0, m1 = bundle.mean[:2]
     s0, s1 = bundle.std[:2]
-    used = {int(i) for i in bundle.train.images[train.indices][:, 0, 0, 0].astype(int) * 256
-            + bundle.train.images[train.indices][:, 0, 0, 1]}
-    val, test = ids(held_out), ids(bundle.test)
+    test = {int(round(float(x[0, 0, 0] * s0 + m0) * 255)) * 256 + int(round(float(x[1, 0, 0] * s1 + m1) * 255))
+            for x, _ in (bundle.test[i] for i in range(len(bundle.test)))}
+    used, val = ids(train_idx), ids(val_idx)
     assert len(val) == 30 and len(used) == 90
     assert not val & used and not val & test and val <= set(range(200))
 
@@ -92,7 +93,7 @@ def grid_config(tmp_path: Path) -> Path:
     text = tiny_sweep.tiny_config(["attention", "linear"], [16]).replace("patch_sizes = [8]", "patch_sizes = [4]")
     head, timing = text.split("[timing]")
     head += 'epochs = 1\ndataset = "reach"\nseeds = [0, 1]\nlr_grid = [1e-3, 3e-3]\n'
-    tail = '\n[train]\ntrain_samples = 80\nbatch_size = 32\nval_fraction = 0.25\ntrainer = "device"\n'
+    tail = '\n[train]\ntrain_samples = 80\nbatch_size = 32\nval_fraction = 0.25\n'
     return tiny_sweep.write_config(tmp_path, head + "[timing]" + timing + tail)
 
 
@@ -109,6 +110,16 @@ def test_sweep_runs_the_grid_then_the_seeds_at_the_chosen_rate(tmp_path: Path, c
     seeds = [r for r in rows if r["lr_stage"] == "seed"]
     assert len(grid) == 4 and {r["seed"] for r in grid} == {"0"} and len(seeds) == 2
     assert all(r["val_samples"] == "20" and r["train_samples"] == "60" and r["trainer"] == "device" for r in rows)
+    # Every training leaves its learning curve under curves/, named by its key's hash, its key on every row.
+    from experiments.measure.point import point_key
+    from experiments.sweep.config import _digest
+    from experiments.train.curve import read_curve
+
+    for row in rows:
+        curve = read_curve(out / "curves" / f"{_digest(point_key(row))}.csv")
+        # 2 optimizer steps (60 images, batch 32, 1 epoch): fewer than eval_points, so one evaluation a step
+        assert len(curve) == int(row["curve_points"]) == 3 and curve[0]["samples_seen"] == "0"
+        assert {c["seed"] for c in curve} == {row["seed"]} and row["stop_reason"] == "max_budget"
     for seed_row in seeds:
         mine = {float(r["lr"]): float(r["val_accuracy"]) for r in grid if r["mixer"] == seed_row["mixer"]}
         best = max(mine.values())
@@ -177,7 +188,7 @@ def lr_from_config(tmp_path: Path, small: str = "", large: str = 'lr_from = "sma
     text = tiny_sweep.tiny_config(["attention", "linear"], [16]).split("[timing]")[0]
     text += 'epochs = 1\ndataset = "reach"\nseeds = [0, 1]\n'
     text += '[timing]\nwarmup = 0\nmin_repeats = 1\nmin_time_s = 0.0\n'
-    text += '[train]\ntrain_samples = 80\nbatch_size = 32\nval_fraction = 0.25\ntrainer = "device"\n'
+    text += '[train]\ntrain_samples = 80\nbatch_size = 32\nval_fraction = 0.25\n'
     text += f'[[runs]]\nname = "small"\npatch_sizes = [4]\nlr_grid = [1e-3, 3e-3]\n{small}'
     text += f'[[runs]]\nname = "large"\npatch_sizes = [8]\nseeds = [0]\n{large}'
     return tiny_sweep.write_config(tmp_path, text)

@@ -128,8 +128,8 @@ def test_a_measured_row_is_complete(mixer: str) -> None:
     expected_empty = {"error", "peak_mem_reserved_mb", "cuda_version", "train_samples", "accuracy", "best_accuracy",
                       "final_train_loss", "train_time_s", "train_img_s", "accuracy_by_bucket",
                       "lr", "lr_stage", "lr_source", "val_samples", "val_accuracy", "trainer",  # training columns
-                      "curve_points", "target_accuracy", "converged", "converged_samples", "samples_to_target",
-                      "flops_to_target", "stop_reason",  # the learning curve's (issue 32), training only too
+                      "converged", "stop_reason", "converged_samples", "target_accuracy", "samples_to_target",
+                      "flops_to_target", "curve_points",  # the learning curve's and the convergence rule's
                       "tf32", "gpu_clock_mhz", "driver_version",  # CUDA-only provenance, empty on CPU by design
                       "triton_version", "mamba_ssm_version",  # empty where the package is not installed
                       "load_start", "load_end",  # the sweep's, added when it records the row

@@ -7,17 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset, TensorDataset
 
-from experiments.train.recipe import (
-    CHECKPOINT_KEYS,
-    CHECKPOINT_NAME,
-    TrainRecipe,
-    TrainResult,
-    no_weight_decay_names,
-    param_groups,
-    train_and_evaluate,
-)
+from experiments.train.device_data import DeviceSplit, DeviceView
+from experiments.train.device_trainer import CHECKPOINT_KEYS, train_on_device
+from experiments.train.recipe import CHECKPOINT_NAME, TrainRecipe, TrainResult, no_weight_decay_names, param_groups
 from mixers import list_mixers
 from models import create_vit
 
@@ -26,20 +19,21 @@ CPU = torch.device("cpu")
 # Small enough for a few seconds per run on two cores; warm-up off so the first steps already learn.
 FAST = TrainRecipe(epochs=2, batch_size=16, lr=3e-3, warmup_epochs=0.0, eval_batch_size=64)
 N_TRAIN = 160
+VIEW = DeviceView(IMG, torch.full((CLASSES, 1, 1), 0.4), torch.full((CLASSES, 1, 1), 0.15), False, 1)
 
 
-def channel_set(n: int, seed: int) -> TensorDataset:
-    """Noise images whose label is the channel that is brightened in a random square.
+def channel_set(n: int, seed: int) -> DeviceSplit:
+    """uint8 noise images whose label is the channel that is brightened in a random square.
 
     Learnable within a few steps even after mean pooling, so every mixer can show progress quickly.
     """
     g = torch.Generator().manual_seed(seed)
-    images = torch.randn(n, CLASSES, IMG, IMG, generator=g)  # (n, C, H, W), one channel per class
+    images = torch.randn(n, CLASSES, IMG, IMG, generator=g) * 30 + 90  # (n, C, H, W), one channel per class
     labels = torch.randint(0, CLASSES, (n,), generator=g)
     corners = torch.randint(0, IMG // 2, (n, 2), generator=g)
     for i, (label, (r, c)) in enumerate(zip(labels.tolist(), corners.tolist())):
-        images[i, label, r : r + IMG // 2, c : c + IMG // 2] += 1.0
-    return TensorDataset(images, labels)
+        images[i, label, r : r + IMG // 2, c : c + IMG // 2] += 60
+    return DeviceSplit(images.clamp(0, 255).to(torch.uint8), labels)
 
 
 def tiny_vit(mixer: str = "attention", seed: int = 0) -> nn.Module:
@@ -60,16 +54,30 @@ def assert_same_weights(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
 
 
 @torch.no_grad()
-def dataset_loss(model: nn.Module, data: TensorDataset) -> float:
+def dataset_loss(model: nn.Module, data: DeviceSplit) -> float:
     model.eval()
-    images, labels = data.tensors
-    return nn.functional.cross_entropy(model(images), labels).item()
+    images = (data.images.float() / 255 - VIEW.mean) / VIEW.std
+    return nn.functional.cross_entropy(model(images), data.labels).item()
 
 
-def run(model: nn.Module, recipe: TrainRecipe = FAST, *, train: Dataset | None = None, **kwargs) -> TrainResult:
-    kwargs = {"device": CPU, "dtype": torch.float32, "seed": 0, **kwargs}
+def run(model: nn.Module, recipe: TrainRecipe = FAST, *, train: DeviceSplit | None = None, **kwargs) -> TrainResult:
+    kwargs = {"dtype": torch.float32, "seed": 0, **kwargs}
     train = channel_set(N_TRAIN, 1) if train is None else train
-    return train_and_evaluate(model, train, channel_set(64, 2), recipe, **kwargs)
+    return train_on_device(model, train, channel_set(64, 2), VIEW, recipe, **kwargs).result
+
+
+def crash_after(model: nn.Module, calls: int) -> nn.Module:
+    """Makes the model raise on its `calls + 1`-th forward, as a job killed mid-training stops."""
+    original, count = model.forward, [0]
+
+    def forward(x: Tensor) -> Tensor:
+        count[0] += 1
+        if count[0] > calls:
+            raise RuntimeError("simulated crash")
+        return original(x)
+
+    model.forward = forward
+    return model
 
 
 @pytest.mark.parametrize("mixer", list_mixers())
@@ -91,32 +99,17 @@ def test_learns_the_task() -> None:
     assert result.accuracy > 0.6  # chance is 0.25
 
 
-class Crashing(Dataset):
-    """Wraps a dataset and raises after `limit` items, as a killed job would stop mid-epoch."""
-
-    def __init__(self, inner: Dataset, limit: int) -> None:
-        self.inner, self.limit, self.served = inner, limit, 0
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, index: int):
-        if self.served >= self.limit:
-            raise RuntimeError("simulated crash")
-        self.served += 1
-        return self.inner[index]
-
-
 def test_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
-    recipe = dataclasses.replace(FAST, epochs=3, train_samples=100)
-    train = channel_set(N_TRAIN, 1)
+    recipe = dataclasses.replace(FAST, epochs=3)
+    train = channel_set(100, 1)
     straight = tiny_vit()
     expected = run(straight, recipe, train=train)
 
-    # Crash half-way through epoch 2: the checkpoint on disk holds epoch 1.
+    # Crash in epoch 2 (7 steps an epoch, one evaluation on the test split at the end): the checkpoint on disk
+    # is the last evaluation's.
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run(tiny_vit(), recipe, train=Crashing(train, limit=150), checkpoint_dir=tmp_path)
-    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=False)["epoch"] == 1
+        run(crash_after(tiny_vit(), 10), recipe, train=train, checkpoint_dir=tmp_path)
+    assert 0 < torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] <= 10
 
     # A differently initialised model proves the weights come from the checkpoint.
     resumed_model = tiny_vit(seed=123)
@@ -125,7 +118,7 @@ def test_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert resumed.accuracy == expected.accuracy and resumed.best_accuracy == expected.best_accuracy
     assert resumed.final_train_loss == pytest.approx(expected.final_train_loss, abs=0)
     assert_same_weights(weights(resumed_model), weights(straight))
-    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=False)["epoch"] == recipe.epochs
+    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] == 21
     assert not [p for p in tmp_path.iterdir() if p.name != CHECKPOINT_NAME]  # no temp files left behind
 
 
@@ -150,7 +143,7 @@ def test_resume_with_drop_path_restores_rng(tmp_path: Path) -> None:
     straight = build()
     run(straight, recipe, train=train)
     with pytest.raises(RuntimeError):
-        run(build(), recipe, train=Crashing(train, limit=120), checkpoint_dir=tmp_path)
+        run(crash_after(build(), 8), recipe, train=train, checkpoint_dir=tmp_path)
     resumed = build(seed=7)
     run(resumed, recipe, train=train, checkpoint_dir=tmp_path)
     assert_same_weights(weights(resumed), weights(straight))
@@ -182,7 +175,8 @@ class Planted:
 
 def _plant_pickle(path: Path, tmp_path: Path) -> None:
     # Every key a checkpoint has, so only the loader (not a missing key) can stop the code from running.
-    torch.save({**{key: 0 for key in CHECKPOINT_KEYS}, "recipe": Planted(tmp_path / "marker")}, path)
+    torch.save({**{key: 0 for key in CHECKPOINT_KEYS}, "seed": 0, "train_samples": N_TRAIN,
+                "recipe": Planted(tmp_path / "marker")}, path)
 
 
 def _plant_truncated(path: Path, tmp_path: Path) -> None:
@@ -217,31 +211,30 @@ def test_bad_checkpoint_is_named_moved_aside_and_the_run_restarts(tmp_path: Path
     # Restarted from scratch and finished exactly as a run that never saw the bad file.
     assert result.status == "ok" and result.epochs_done == recipe.epochs and result.accuracy == expected.accuracy
     assert_same_weights(weights(model), weights(straight))
-    assert torch.load(folder / CHECKPOINT_NAME, weights_only=True)["epoch"] == recipe.epochs
+    assert torch.load(folder / CHECKPOINT_NAME, weights_only=True)["step"] == 10  # 160 images, batches of 16
 
 
 def test_checkpoint_holds_only_data(tmp_path: Path) -> None:
     run(tiny_vit(), dataclasses.replace(FAST, epochs=1), checkpoint_dir=tmp_path)
     ckpt = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)  # no pickled numpy arrays or classes
-    assert set(ckpt) == CHECKPOINT_KEYS
+    assert set(CHECKPOINT_KEYS) | {"recipe", "seed", "train_samples"} <= set(ckpt)
 
 
 def test_huge_lr_diverges() -> None:
     result = run(tiny_vit(), dataclasses.replace(FAST, lr=1e30, min_lr=0.0))
     assert result.status == "diverged"
-    assert "became" in result.error
+    assert "non-finite" in result.error
     assert result.epochs_done < FAST.epochs
 
 
-def test_poisoned_input_diverges_at_once() -> None:
-    train = channel_set(64, 1)
-    train.tensors[0][:] = float("nan")
+def test_poisoned_output_diverges_within_the_first_check() -> None:
     model = tiny_vit()
-    before = weights(model)
-    result = run(model, train=train)
-    assert result.status == "diverged" and "loss became nan" in result.error
+    model.head.register_forward_hook(lambda module, args, out: out * float("nan"))
+    result = run(model)
+    # The host reads the finiteness flag every DIVERGENCE_CHECK_STEPS steps (or at an evaluation), so the
+    # error names the window of steps it fell in.
+    assert result.status == "diverged" and "non-finite at epoch 1, within optimizer steps 1-" in result.error
     assert result.epochs_done == 0 and result.accuracy is None and result.best_accuracy is None
-    assert_same_weights(weights(model), before)  # the NaN update was never applied
 
 
 def test_same_seed_same_result() -> None:
@@ -254,15 +247,8 @@ def test_same_seed_same_result() -> None:
     assert not torch.equal(weights(a)["head.weight"], weights(c)["head.weight"])
 
 
-def test_train_samples_subsamples_and_is_checked() -> None:
-    result = run(tiny_vit(), dataclasses.replace(FAST, epochs=1, train_samples=50))
-    assert result.train_samples == 50
-    with pytest.raises(ValueError, match="train_samples"):
-        run(tiny_vit(), dataclasses.replace(FAST, epochs=1, train_samples=10_000))
-
-
-def test_progress_bar_and_row() -> None:
-    result = run(tiny_vit(), dataclasses.replace(FAST, epochs=1), progress=True)
+def test_row() -> None:
+    result = run(tiny_vit(), dataclasses.replace(FAST, epochs=1))
     assert set(result.to_row()) == {
         "train_samples", "accuracy", "best_accuracy", "final_train_loss", "train_time_s", "train_img_s"
     }
@@ -307,7 +293,12 @@ def test_no_weight_decay_groups() -> None:
         ("warmup_epochs", 100.0),
         ("label_smoothing", 1.0),
         ("grad_clip", 0.0),
-        ("num_workers", -1),
+        ("patience", 0.0),
+        ("patience", 1.5),
+        ("min_delta", -0.1),
+        ("target_accuracy", 1.5),
+        ("eval_points", 1),
+        ("decay_fraction", 0.0),
         ("eval_batch_size", 0),
         ("train_samples", 0),
     ],
@@ -321,3 +312,9 @@ def test_recipe_defaults_are_valid() -> None:
     recipe = TrainRecipe()
     assert recipe.batch_size == 128 and recipe.weight_decay == 0.05 and recipe.label_smoothing == 0.1
     assert TrainRecipe(grad_clip=None, train_samples=10).grad_clip is None
+
+
+def test_rule_needs_a_validation_split() -> None:
+    with pytest.raises(ValueError, match=r"TrainRecipe\.patience.*val_fraction"):
+        TrainRecipe(patience=0.25)
+    assert TrainRecipe(patience=0.25, val_fraction=0.1).patience == 0.25

@@ -38,6 +38,7 @@ class Point:
     timeout_s: float = 1800.0
     checkpoint_dir: str = ""  # where training checkpoints go, so a killed training point resumes
     erf_path: str = ""  # where a training point saves its effective receptive field maps (.npz); "" = none
+    curve_path: str = ""  # where a training point writes its learning curve (.csv, schema.CURVE_COLUMNS); "" = none
     weights_path: str = ""  # where a training point saves its final weights (.safetensors); "" = none
     # "grid": a learning-rate grid run; "seed": a seed run at the rate the grid chose (experiments/lr_grid.py);
     # "seed?": a seed run whose rate the grid has yet to choose (a plan only); "" when the sweep has no grid

@@ -228,89 +228,64 @@ def _at_batch(measure: Callable[..., dict[str, object]], model: ViT, point: Poin
     return row
 
 
-def train_point(point: Point, device: torch.device, dtype: torch.dtype) -> dict[str, object]:
-    """Trains a fresh model on the point's data set and evaluates it (experiments/train/recipe.py).
+def train_point(point: Point, device: torch.device, dtype: torch.dtype,
+                train_flops_per_image: float | None = None) -> dict[str, object]:
+    """Trains a fresh model on the point's data set and evaluates it (experiments/train/device_trainer.py).
 
-    A data set with test buckets (reach) also gets its accuracy per bucket, as JSON in `accuracy_by_bucket`.
-    With `point.erf_path`, the effective receptive field maps at initialisation and after training are saved
-    there (experiments/train/erf.py); with `point.weights_path`, the trained weights (experiments/train/weights.py).
+    The learning curve goes to `point.curve_path` as it is taken; `train_flops_per_image` (the row's
+    `train_flops_counted`) turns its samples into training FLOPs. A data set with test buckets (reach) also gets
+    its accuracy per bucket, as JSON in `accuracy_by_bucket`. With `point.erf_path`, the effective receptive field
+    maps at initialisation and after training are saved there (experiments/train/erf.py); with
+    `point.weights_path`, the trained weights (experiments/train/weights.py).
     """
+    from ..schema import KEY_COLUMNS
     from ..train.datasets import build_dataset
-    from ..train.recipe import TrainRecipe, evaluate_by_bucket
+    from ..train.device_data import fresh_on_device, to_device
+    from ..train.device_trainer import train_on_device
+    from ..train.recipe import TrainRecipe
 
     recipe = TrainRecipe(epochs=point.epochs, **json.loads(point.train))
+    # rand_augment="": the training loop augments by random crop and flip on the device, and nothing else.
     bundle = build_dataset(
         point.dataset, img_size=point.img_size, data_dir=point.data_dir or None,
         data_path=point.data_path or None, seed=point.seed, train_samples=recipe.train_samples,
-        patch_size=point.patch_size,
+        patch_size=point.patch_size, rand_augment="",
     )
     torch.manual_seed(point.seed)
     model = build_model(point, num_classes=bundle.num_classes, in_chans=bundle.in_chans)
+    key = {column: getattr(point, column) for column in KEY_COLUMNS if hasattr(point, column)}
     erf_maps = {}
     if point.erf_path:
         from ..train.erf import erf_map
 
         erf_images = torch.stack([bundle.test[i][0] for i in range(min(ERF_IMAGES, len(bundle.test)))]).to(device)
         erf_maps["init"] = erf_map(model.to(device), erf_images)
-    result, extra = _train(model, bundle, recipe, point, device, dtype)
-    row = {**result.to_row(), **extra}
+    train, test, view = to_device(bundle.train, bundle.test, device)
+    run = train_on_device(
+        model, train, test, view, recipe, dtype=dtype, seed=point.seed,
+        checkpoint_dir=Path(point.checkpoint_dir) if point.checkpoint_dir else None, compile_mode=point.compile,
+        fresh_train=fresh_on_device(bundle.fresh_train, device), train_buckets=bundle.train_buckets,
+        test_buckets=bundle.test_buckets, curve_path=Path(point.curve_path) if point.curve_path else None,
+        curve_key=key, flops_per_sample=train_flops_per_image,
+    )
+    result = run.result
+    row = {**run.to_row(), "lr": recipe.lr, "lr_stage": point.lr_stage, "lr_source": point.lr_source}
     row["status"] = result.status
     if result.error:
         row["error"] = result.error
-    if result.status == "ok" and bundle.test_buckets is not None:
-        by_bucket = evaluate_by_bucket(model, bundle.test, bundle.test_buckets, device=device, dtype=dtype,
-                                       batch_size=recipe.eval_batch_size)
-        row["accuracy_by_bucket"] = json.dumps({k: round(v, 5) for k, v in by_bucket.items()})
+    if result.status == "ok" and run.accuracy_by_bucket:
+        row["accuracy_by_bucket"] = json.dumps({k: round(v, 5) for k, v in run.accuracy_by_bucket.items()})
     if point.weights_path and result.status == "ok":
-        from ..schema import KEY_COLUMNS
         from ..train.weights import save_weights
 
-        key = {column: getattr(point, column) for column in KEY_COLUMNS if hasattr(point, column)}
         save_weights(Path(point.weights_path), model, key, num_classes=bundle.num_classes, in_chans=bundle.in_chans,
                      mean=bundle.mean, std=bundle.std)
     if erf_maps and result.status == "ok":
-        from ..schema import KEY_COLUMNS
         from ..train.erf import erf_map, save_erf
 
         erf_maps["trained"] = erf_map(model, erf_images)
-        key = {column: getattr(point, column) for column in KEY_COLUMNS if hasattr(point, column)}
         save_erf(Path(point.erf_path), erf_maps, key, point.patch_size)
     return row
-
-
-def _train(model: ViT, bundle, recipe, point: Point, device: torch.device,
-           dtype: torch.dtype) -> tuple[object, dict[str, object]]:
-    """Trains with the recipe's trainer; (its TrainResult, the rate and validation columns of the row)."""
-    import dataclasses
-
-    from torch.utils.data import DataLoader
-
-    checkpoint_dir = Path(point.checkpoint_dir) if point.checkpoint_dir else None
-    extra: dict[str, object] = {"lr": recipe.lr, "lr_stage": point.lr_stage, "lr_source": point.lr_source,
-                                "trainer": recipe.trainer}
-    if recipe.trainer == "device":
-        from ..train.device_data import to_device
-        from ..train.device_trainer import train_on_device
-
-        train, test, view = to_device(bundle.train, bundle.test, device)
-        run = train_on_device(model, train, test, view, recipe, dtype=dtype, seed=point.seed,
-                              checkpoint_dir=checkpoint_dir, compile_mode=point.compile)
-        return run.result, {**extra, "val_samples": run.val_samples, "val_accuracy": run.val_accuracy}
-    from ..train.recipe import evaluate, train_and_evaluate
-    from ..train.validation import split_validation
-
-    train_set, val_set = split_validation(bundle.train, recipe.val_fraction, point.seed)
-    if val_set is not None:  # the data set already drew train_samples; what is left after the split is all used
-        recipe = dataclasses.replace(recipe, train_samples=None)
-    result = train_and_evaluate(model, train_set, bundle.test, recipe, device=device, dtype=dtype, seed=point.seed,
-                                checkpoint_dir=checkpoint_dir)
-    if val_set is None:
-        return result, {**extra, "val_samples": 0}
-    val_accuracy = None
-    if result.status == "ok":
-        loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False)
-        val_accuracy = evaluate(model, loader, device=device, dtype=dtype)
-    return result, {**extra, "val_samples": len(val_set), "val_accuracy": val_accuracy}
 
 
 def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: torch.device, row: dict) -> str:
@@ -415,9 +390,12 @@ def _measure_point(point: Point) -> dict[str, object]:
                 row["train_status"], row["error"] = "oom", f"train step: {train_oom}"
                 _free(device)
         _count_fvcore_or_note(model, device, row, bool(point.memory_limit_mb))
+        in_chans, num_classes = model.in_chans, model.num_classes
         del model
         if point.epochs > 0:
-            row.update(train_point(point, device, dtype))
+            # The curve counts training FLOPs per image as the cost rows do, also where the step was not timed.
+            flops = row.get("train_flops_counted") or count_train_on_meta(point, in_chans, num_classes)
+            row.update(train_point(point, device, dtype, flops))
     except Exception as error:  # noqa: BLE001 - any failure of this point is recorded, never raised
         row["status"] = "oom" if is_out_of_memory(error, bool(point.memory_limit_mb)) else "error"
         row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:500]

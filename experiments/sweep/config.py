@@ -34,7 +34,7 @@ from pathlib import Path
 from ..measure.graphed import TIMING_MODES
 from ..measure.point import Point, canonical_json
 from ..measure.timing import TimingProtocol
-from ..schema import MAX_BATCH
+from ..schema import CURVES_DIR, MAX_BATCH
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -214,10 +214,12 @@ class SweepConfig:
         ]
         if not self.epochs:
             return points
-        # A training point checkpoints every epoch under a folder named by its key, so a rerun resumes it; its
-        # receptive field maps are named by the same hash, so the report can match them to their row.
-        erf = self.out_dir / "erf"
+        # A training point checkpoints at every evaluation under a folder named by its key, so a rerun resumes
+        # it; its learning curve and receptive field maps are named by the same hash, so the report can match
+        # them to their row.
+        erf, curves = self.out_dir / "erf", self.out_dir / CURVES_DIR
         return [dataclasses.replace(p, checkpoint_dir=str(checkpoints / _digest(p.key)),
+                                    curve_path=str(curves / f"{_digest(p.key)}.csv"),
                                     erf_path=str(erf / f"{_digest(p.key)}.npz") if self.erf else "")
                 for p in points]
 
@@ -254,11 +256,6 @@ class SweepConfig:
             _check_lr_grid(self)
         if not self.dataset:
             raise ConfigError("dataset: epochs > 0 needs a data set (e.g. --dataset pathfinder)")
-        if self.compile not in ("", "none") and self.train.get("trainer", "loader") != "device":
-            # the loader trainer (experiments/train/recipe.py) trains the eager model: its rows would be keyed
-            # compiled without being so
-            raise ConfigError(f"compile = {self.compile!r}: training compiles only with the device trainer; set "
-                              "train.trainer = \"device\" (or --compile none)")
         if "epochs" in self.train:
             raise ConfigError("train: set epochs as a top-level field (or --epochs), not inside [train]")
         if self.dtype == "float16":

@@ -45,6 +45,9 @@ class DatasetBundle:
         description: one line on source, sizes, interpolation, normalisation and augmentation.
         test_buckets: for tasks that sort their test images into buckets (reach: direction and distance), the
             bucket label of each test image, so evaluation can report accuracy per bucket; None otherwise.
+        train_buckets: the same for the training images (the validation split is held out of them).
+        fresh_train: for generated tasks, `fresh_train(epoch, n)` -> (uint8 (n, C, H, W) images, (n,) labels),
+            a new training set for that epoch, deterministic in (the bundle's seed, epoch); None for fixed data.
     """
 
     name: str
@@ -58,6 +61,8 @@ class DatasetBundle:
     augment: bool
     description: str
     test_buckets: tuple[str, ...] | None = None
+    train_buckets: tuple[str, ...] | None = None
+    fresh_train: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def _resize(x: torch.Tensor, img_size: int) -> torch.Tensor:

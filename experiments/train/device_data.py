@@ -6,11 +6,13 @@ here a batch is one gather from the uint8 images on the device, then a batched r
 and the normalisation. The random draws of an epoch (order, crop offsets, flips) come from one CPU generator
 seeded by (seed, epoch), so they are the same on every device and after a resume.
 
-What the loader path also applies and this one does not: timm's RandAugment (per-image PIL operations). The row's
-`trainer` column says which path ran.
+It is the only input path of training (the DataLoader of per-image transforms is gone), so training applies no
+RandAugment (per-image PIL operations): random crop and flip are the augmentation, as `data_files` describes
+with `rand_augment=""`. Data sets that are not arrays (imagefolder) cannot train.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,8 +79,8 @@ def _arrays(dataset: Dataset) -> tuple[Tensor, Tensor, bool]:
         return images.contiguous(), dataset.labels, True
     if isinstance(dataset, ArrayDataset):
         return dataset.images, dataset.labels, False
-    raise DatasetError(f"the device trainer needs an array-backed data set (npz, cifar, pathfinder, reach), got "
-                       f"{type(dataset).__name__}; use trainer = \"loader\"")
+    raise DatasetError(f"training needs an array-backed data set (npz, cifar, pathfinder, reach), got "
+                       f"{type(dataset).__name__}; convert the images to an npz file (dataset = \"npz\")")
 
 
 def to_device(train: Dataset, test: Dataset, device: torch.device) -> tuple[DeviceSplit, DeviceSplit, DeviceView]:
@@ -89,6 +91,19 @@ def to_device(train: Dataset, test: Dataset, device: torch.device) -> tuple[Devi
     view = DeviceView(train.img_size, train.mean.to(device), train.std.to(device), augment, max(1, side // 8))
     return (DeviceSplit(train_images.to(device), train_labels.long().to(device)),
             DeviceSplit(test_images.to(device), test_labels.long().to(device)), view)
+
+
+def fresh_on_device(fresh: Callable[[int, int], tuple[Tensor, Tensor]] | None,
+                    device: torch.device) -> Callable[[int, int], DeviceSplit] | None:
+    """A bundle's `fresh_train` (epoch, n) -> uint8 images and labels, as a function returning a `DeviceSplit`."""
+    if fresh is None:
+        return None
+
+    def on_device(epoch: int, n: int) -> DeviceSplit:
+        images, labels = fresh(epoch, n)
+        return DeviceSplit(images.to(device), labels.long().to(device))
+
+    return on_device
 
 
 def epoch_draws(n: int, pad: int, seed: int) -> EpochDraws:
@@ -123,7 +138,7 @@ def crop_flip(images: Tensor, offsets: Tensor, flips: Tensor, pad: int) -> Tenso
 
 def model_inputs(images: Tensor, view: DeviceView, draws: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """uint8 (B, C, H, W) -> normalised float32 (B, C, img_size, img_size), augmented when `draws` (offsets,
-    flips) are given: crop and flip at the stored size, then resize, as the loader path does."""
+    flips) are given: crop and flip at the stored size, then resize, as `data_arrays.AugmentedArrayDataset` does."""
     x = images.float().div_(255)
     if draws is not None:
         x = crop_flip(x, draws[0], draws[1], view.pad)

@@ -6,9 +6,7 @@ point's seed on a stream of its own, so it does not move when the training subse
 from __future__ import annotations
 
 import numpy as np
-from torch.utils.data import Dataset, Subset
-
-from .data_arrays import ArrayDataset, AugmentedArrayDataset, DatasetError, _to_model_size
+from .data_arrays import DatasetError
 
 # Stream of the seeded permutation, apart from those of the train (0) and test (1) subsets in data_arrays.
 VALIDATION_STREAM = 2
@@ -37,25 +35,3 @@ def validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, 
         raise DatasetError(f"val_fraction={fraction} of {n} training images leaves none to train on; lower it")
     order = np.random.default_rng([seed, VALIDATION_STREAM]).permutation(n)
     return np.sort(order[n_val:]), np.sort(order[:n_val])
-
-
-def split_validation(train: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset | None]:
-    """The training split without its validation images, and those images un-augmented (None when none).
-
-    Raises:
-        DatasetError: the data set is not array-backed (its augmentation could not be left off the held-out
-            images), or the split leaves no training image.
-    """
-    train_idx, val_idx = validation_indices(len(train), fraction, seed)
-    if not len(val_idx):
-        return train, None
-    if isinstance(train, AugmentedArrayDataset):
-        images = _to_model_size(train.images[val_idx], train.img_size)
-        mean, std = tuple(train.mean.flatten().tolist()), tuple(train.std.flatten().tolist())
-        held_out: Dataset = ArrayDataset(images, train.labels[val_idx], train.img_size, mean, std)
-    elif isinstance(train, ArrayDataset):
-        held_out = Subset(train, val_idx.tolist())
-    else:
-        raise DatasetError(f"val_fraction needs an array-backed data set (npz, cifar, pathfinder, reach), got "
-                           f"{type(train).__name__}")
-    return Subset(train, train_idx.tolist()), held_out
