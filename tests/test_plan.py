@@ -99,10 +99,13 @@ def test_budgeted_sweep_stops_within_budget_and_resumes_without_duplicates(tmp_p
     assert main([*args, "--budget-minutes", str(budget_s / 60)]) == 0
     assert time.perf_counter() - started <= budget_s * 1.1 + 2.0  # +2 s: reading runs.csv, imports on a busy CPU
     first = read_rows(out / "runs.csv")
-    assert all(r["predicted_point_s"] for r in first)
     assert main([*args, "--budget-minutes", "10"]) == 0
     rows = read_rows(out / "runs.csv")
     assert rows[: len(first)] == first
+    # The first sitting's rows (several sizes of each mixer: the ends and middle of its curve) calibrate the second,
+    # so every point it runs is predicted; the first sitting's calibration may reach one size only within its fifth
+    # of 15 s on a busy machine, and one size predicts nothing elsewhere (issue 35).
+    assert all(r["predicted_point_s"] for r in rows[len(first):])
     keys = [point_key(r) for r in rows]
     assert len(keys) == len(set(keys)) == 10
 

@@ -52,7 +52,8 @@ def _intra_chunk_scores(q: Tensor, k: Tensor, b: Tensor, compute: torch.dtype) -
     """
     T = q.shape[-2]
     later = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T_i, T_j): j > i
-    if -b.amin() <= _FACTORISED_LOG_DECAY_LIMIT[compute]:
+    # On the meta device (counting) there are no values to test: take the factorised form, the one the MACs count.
+    if b.device.type == "meta" or -b.amin() <= _FACTORISED_LOG_DECAY_LIMIT[compute]:
         scores = (q * b.exp()) @ (k * (-b).exp()).transpose(-1, -2)  # (B, H, n, T_i, T_j)
         return scores.masked_fill(later, 0.0)
     rel = (b[..., :, None, :] - b[..., None, :, :]).masked_fill(later[:, :, None], float("-inf"))  # (.., T, T, K)
