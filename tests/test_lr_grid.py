@@ -303,3 +303,17 @@ def test_a_choice_at_the_grid_s_edge_is_flagged_in_the_summary(tmp_path: Path) -
     linear = next(line for line in lines if line.startswith("- linear (reach"))
     assert "grid's" not in attention and "the grid's largest rate: its best may lie above it" in linear
     assert "chance" not in attention + linear  # 80% of 20 validation images beats a coin
+
+
+def test_the_defaults_rates_are_the_ones_its_committed_grid_chose() -> None:
+    """default.toml names each mixer's rate with results/default_lr as its source: each must be the rate that
+    run's committed rows choose on validation, so a hand-copied rate cannot drift from its evidence."""
+    from experiments.sweep.config import load_config
+
+    repo = Path(__file__).resolve().parent.parent
+    values, _ = load_config("default")
+    (accuracy,) = [run for run in values["runs"] if run.get("lr_by_mixer")]
+    assert accuracy["lr_source"] == "results/default_lr"
+    chosen = {group[0]: choice.lr for group, choice in choose_rates(read_rows(repo / "results/default_lr/runs.csv"))
+              .items()}  # group[0] is the mixer (the first key column)
+    assert accuracy["lr_by_mixer"] == {mixer: chosen[mixer] for mixer in accuracy["lr_by_mixer"]}
