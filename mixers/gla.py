@@ -2,8 +2,6 @@
 with Gated Linear Attention", 2024), on GLA (Yang et al., ICML 2024) in its chunked form (`mixers/ops/gla`)."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -11,15 +9,10 @@ from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_int_option, check_positive_option, check_tokens
 from .ops.gla import chunk_gla, chunk_gla_macs, fla_chunk_gla, fla_unavailable_reason
+from .ops.precision import autocast_off
 from .registry import register_mixer
 
 GLA_IMPLS = ("auto", "chunk_torch", "fla")
-
-
-def _autocast_off(device_type: str):
-    """A context that turns autocast off where it is on: the GLA state must stay float32."""
-    on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-    return torch.autocast(device_type, enabled=False) if on else nullcontext()
 
 
 @register_mixer("gla")
@@ -140,7 +133,7 @@ class BiGLA(TokenMixer):
             impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
         else:
             self.impl = impl
-        with _autocast_off(x.device.type):
+        with autocast_off(x.device.type):  # the GLA state must stay float32
             o = self._causal(impl, q, k, v, gates[0]).to(compute)  # (B, H, L, V)
             flipped = (t.flip(2) for t in (q, k, v, gates[1]))
             o = o + self._causal(impl, *flipped).to(compute).flip(2)

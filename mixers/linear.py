@@ -1,15 +1,13 @@
 """Non-causal kernelised linear attention (Katharopoulos et al., 2020)."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-
-import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
 from .attention import qkv_and_proj
 from .base import Grid, TokenMixer, check_bool_option, check_positive_option, check_tokens
+from .ops.precision import autocast_off
 from .registry import register_mixer
 
 
@@ -67,9 +65,7 @@ class LinearAttention(TokenMixer):
         qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
         out_dtype = qkv.dtype
         # Autocast would cast these matmuls back to bf16/fp16; the state must stay float32.
-        device = x.device.type
-        autocast_on = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
-        with torch.autocast(x.device.type, enabled=False) if autocast_on else nullcontext():
+        with autocast_off(x.device.type):
             q, k = self.feature_map(qkv[0].float()), self.feature_map(qkv[1].float())  # (B, heads, N, head_dim)
             v = qkv[2].float()
             n = x.shape[1]
