@@ -11,6 +11,10 @@ from torch import Tensor, nn
 from mixers import Grid, create_mixer
 
 
+# How the head reads the tokens (ViTConfig.pool).
+POOLS = ("mean", "max")
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     """Shape of the backbone; the presets below name the usual ones.
@@ -21,6 +25,11 @@ class ViTConfig:
         num_heads: heads of attention-like mixers.
         mlp_ratio: hidden width of the MLP as a multiple of `dim`; 0 gives mixer-only blocks (Vim's shape).
         drop_path_rate: stochastic depth at the last block, linearly increasing from 0 at the first.
+        pool: how the head reads the tokens: `mean` (DeiT-III's and Swin's global average) or `max` (the
+            channel-wise maximum over tokens). Reach uses `max`: a local mixer leaves a relation between two
+            marks in the few tokens near them, and a mean over every token dilutes it until it is not learnt at
+            all (results/reach_pool: swin, linear attention and mamba stay at chance for 12 epochs under
+            `mean` and learn reach under `max` in a few; global attention learns under both).
     """
 
     dim: int
@@ -28,6 +37,7 @@ class ViTConfig:
     num_heads: int
     mlp_ratio: float = 4.0
     drop_path_rate: float = 0.0
+    pool: str = "mean"
 
     def __post_init__(self) -> None:
         for name in ("dim", "depth", "num_heads"):
@@ -37,6 +47,8 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.mlp_ratio must be >= 0, got {self.mlp_ratio}")
         if not 0.0 <= self.drop_path_rate < 1.0:
             raise ValueError(f"ViTConfig.drop_path_rate must be in [0, 1), got {self.drop_path_rate}")
+        if self.pool not in POOLS:
+            raise ValueError(f"ViTConfig.pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
 
 
 # Named like DeiT so rows compare with published models; `micro` is for CPU runs.
@@ -102,7 +114,7 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    """Strided-conv patch embedding, learned absolute position embedding, pre-norm blocks, mean pooling, head.
+    """Strided-conv patch embedding, learned absolute position embedding, pre-norm blocks, pooling (mean or max), head.
 
     Args:
         config: backbone shape.
@@ -183,7 +195,9 @@ class ViT(nn.Module):
         return self.norm(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.forward_features(x).mean(dim=1))
+        features = self.forward_features(x)  # (B, N, C)
+        pooled = features.amax(dim=1) if self.config.pool == "max" else features.mean(dim=1)  # (B, C)
+        return self.head(pooled)
 
     def macs(self, grid: Grid | None = None) -> int:
         """Analytic forward multiply-accumulates for one image: patch conv, every block, head.

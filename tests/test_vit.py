@@ -69,3 +69,17 @@ def test_unknown_preset_and_override() -> None:
         create_vit("micro", mixer="attention", dpeth=3)
     with pytest.raises(ValueError, match="depth must be >= 1"):
         create_vit("micro", mixer="attention", depth=0)
+
+
+def test_the_head_reads_the_tokens_by_mean_or_by_max() -> None:
+    torch.manual_seed(0)
+    mean = create_vit("micro", mixer="attention", img_size=16, patch_size=4, num_classes=3, depth=1).eval()
+    peak = create_vit("micro", mixer="attention", img_size=16, patch_size=4, num_classes=3, depth=1, pool="max").eval()
+    peak.load_state_dict(mean.state_dict())  # pooling has no parameters: one state dict serves both
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        features = mean.forward_features(x)  # (B, N, C)
+        assert torch.equal(mean(x), mean.head(features.mean(dim=1)))
+        assert torch.equal(peak(x), peak.head(features.amax(dim=1)))
+    with pytest.raises(ValueError, match="pool must be one of mean, max, got 'avg'"):
+        create_vit("micro", mixer="attention", pool="avg")
