@@ -110,6 +110,17 @@ def test_budgeted_sweep_stops_within_budget_and_resumes_without_duplicates(tmp_p
     assert len(keys) == len(set(keys)) == 10
 
 
+def test_a_budgeted_sweep_gives_each_point_its_chosen_limit_where_the_config_sets_none(tmp_path: Path) -> None:
+    """A config without timeout_s (0: the sweep chooses each limit) under --budget-minutes ran every point with
+    a limit of 0 s: each was killed at once and recorded as a timeout."""
+    config, out = tmp_path / "tiny.toml", tmp_path / "out"
+    config.write_text(tiny_config(["attention"], [16, 32]).replace("timeout_s = 120\n", ""))
+    args = ["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--budget-minutes", "5"]
+    assert main(args) == 0
+    rows = read_rows(out / "runs.csv")
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+
+
 def test_rows_without_the_compile_column_keep_their_keys(tmp_path: Path) -> None:
     """runs.csv files written before `compile` (and the predicted_* columns) existed: read, keyed as eager, upgraded."""
     old_columns = [c for c in COLUMNS if c != "compile" and not c.startswith("predicted_")]

@@ -299,8 +299,11 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
             wall.add(row)
     budget = Budget(budget_minutes, planner, started or time.monotonic()) if budget_minutes and planner else None
     if budget:  # ordered over the whole sweep, so a resumed run continues the same sequence
-        pending = {p.key for p in todo}
-        todo = [p for p in budget_order(points, {p.key: planner.predict(p) for p in points}) if p.key in pending]
+        # The fitted points (threads, time limits), not the config's: a config without timeout_s has 0 there,
+        # "choose one", and a point run with it was killed at once.
+        fitted = {p.key: p for p in todo}
+        todo = [fitted[p.key] for p in budget_order(points, {p.key: planner.predict(p) for p in points})
+                if p.key in fitted]
     else:
         todo = side_by_side_order(todo, planner)
     wanted_train_step = {p.key: p.measure_train_step for p in todo}
