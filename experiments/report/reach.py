@@ -42,14 +42,22 @@ def bucket_rows(runs: pd.DataFrame) -> pd.DataFrame:
         for bucket, value in json.loads(row["accuracy_by_bucket"]).items():
             direction, distance = bucket.rsplit(":", 1)
             record = {k: row[k] for k in (*COST_KEYS, *RECIPE_KEYS, "tokens", "seed")}
+            record["backbone"] = backbone_overrides(row["overrides"])
             record.update(direction=direction, distance=int(distance), bucket_accuracy=float(value) * 100,
                           converged=flags[index])
             records.append(record)
     return pd.DataFrame.from_records(records)
 
 
+def backbone_overrides(overrides: object) -> str:
+    """A row's overrides less its `mixer_options`, as canonical JSON: what every mixer of a setting shares (the
+    head's pooling, the depth), where `mixer_options` is each mixer's own (a parameter-matched mamba)."""
+    values = json.loads(str(overrides) or "{}") if str(overrides).strip().startswith("{") else {}
+    return json.dumps({k: v for k, v in sorted(values.items()) if k != "mixer_options"}, separators=(",", ":"))
+
+
 def _group_keys(buckets: pd.DataFrame) -> list[str]:
-    return [*COST_KEYS, *RECIPE_KEYS, "tokens", "direction", "distance"]
+    return [*COST_KEYS, *RECIPE_KEYS, "tokens", "backbone", "direction", "distance"]
 
 
 def reach_summary(runs: pd.DataFrame) -> pd.DataFrame:
@@ -77,8 +85,9 @@ def _summarise(buckets: pd.DataFrame) -> pd.DataFrame:
 
 def _setting(frame: pd.DataFrame) -> list[str]:
     """The columns that pick a reach setting shared by mixers: the cost and recipe keys but the mixer and its
-    overrides (mixers differ in those: a parameter-matched mamba)."""
-    return [k for k in (*COST_KEYS, *RECIPE_KEYS, "tokens") if k not in ("mixer", "overrides") and k in frame]
+    overrides (mixers differ in those: a parameter-matched mamba), and the overrides every mixer shares
+    (`backbone`: mean against max pooling are two settings, never one mixer's seeds)."""
+    return [k for k in (*COST_KEYS, *RECIPE_KEYS, "tokens", "backbone") if k not in ("mixer", "overrides") and k in frame]
 
 
 def reach_controls(runs: pd.DataFrame) -> pd.DataFrame:
@@ -197,8 +206,9 @@ def control_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     if verdicts.empty:
         return verdicts, pd.DataFrame()
     varying = [k for k in accuracy_facet_keys(runs) if k in verdicts and k != "overrides"]
+    varying += ["backbone"] if verdicts["backbone"].nunique() > 1 else []
     verdicts = sort_rows(verdicts, [*varying, "mixer"])
-    display = verdicts[varying].astype(str).assign(**{
+    display = verdicts[varying].astype(str).rename(columns={"backbone": "Shared overrides"}).assign(**{
         "Mixer": verdicts["mixer"], f"Control bucket(s): mean acc. (needs >= {CONTROL_ACCURACY:.0f}%)":
         verdicts["control"].replace("", MISSING), "Verdict": verdicts["verdict"], "Why": verdicts["reason"]})
     return verdicts, display
@@ -236,11 +246,13 @@ def reach_summary_lines(runs: pd.DataFrame) -> list[str]:
              f"A bucket a mixer's first layer(s) already cover must reach {CONTROL_ACCURACY:.0f}% "
              "(experiments/report/control.py says which buckets count for which mixer); a mixer below it is "
              f"{UNDER_TRAINED}, and its other buckets are not read as a finding.", ""]
-    for record in sort_rows(verdicts, ["mixer"]).to_dict("records"):
+    several = verdicts["backbone"].nunique() > 1  # e.g. mean against max pooling: say which row is which
+    for record in sort_rows(verdicts, ["backbone", "mixer"] if several else ["mixer"]).to_dict("records"):
         shown = f" ({record['control']})" if record["control"] else ""
-        lines.append(f"- {record['mixer']}: **{record['verdict']}**{shown}: {record['reason']}"
+        name = f"{record['mixer']} {record['backbone']}" if several else record["mixer"]
+        lines.append(f"- {name}: **{record['verdict']}**{shown}: {record['reason']}"
                      if record["verdict"] == UNDER_TRAINED else
-                     f"- {record['mixer']}: {record['verdict']}{shown}: {record['reason']}")
+                     f"- {name}: {record['verdict']}{shown}: {record['reason']}")
     lines += ["", "## Reach: does any distance or direction separate two mixers?", ""]
     if seeds < 2:
         return lines + ["Only one seed per bucket: no test, so no separation can be claimed.", ""]
@@ -264,6 +276,7 @@ def reach_figures(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     if summary.empty:
         return []
     keys = [k for k in accuracy_facet_keys(runs) if k in summary and k != "overrides"]
+    keys += ["backbone"] if summary["backbone"].nunique() > 1 else []
     group = _group_keys(buckets)
     failed = under_trained(control_verdicts(summary, _setting(summary)), _setting(summary))
     failed_mixers = {key[-1] for key in failed}
