@@ -26,10 +26,9 @@ class ViTConfig:
         mlp_ratio: hidden width of the MLP as a multiple of `dim`; 0 gives mixer-only blocks (Vim's shape).
         drop_path_rate: stochastic depth at the last block, linearly increasing from 0 at the first.
         pool: how the head reads the tokens: `mean` (DeiT-III's and Swin's global average) or `max` (the
-            channel-wise maximum over tokens). Reach uses `max`: a local mixer leaves a relation between two
-            marks in the few tokens near them, and a mean over every token dilutes it until it is not learnt at
-            all (results/reach_pool: swin, linear attention and mamba stay at chance for 12 epochs under
-            `mean` and learn reach under `max` in a few; global attention learns under both).
+            channel-wise maximum over tokens). Reach uses `max`: a local or linear mixer leaves a relation
+            between two marks in the few tokens near them, and a mean over every token dilutes it until it is
+            not learnt at all (results/reach_pool trains every mixer under both).
     """
 
     dim: int
@@ -114,7 +113,7 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    """Strided-conv patch embedding, learned absolute position embedding, pre-norm blocks, pooling (mean or max), head.
+    """Strided-conv patch embedding, learned absolute position embedding, pre-norm blocks, mean or max pooling, head.
 
     Args:
         config: backbone shape.

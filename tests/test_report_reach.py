@@ -81,6 +81,20 @@ def test_reach_summary_and_separations() -> None:
     assert pairs[pairs["distance"] == 1].empty  # all at 97% there
 
 
+def test_two_poolings_of_one_mixer_are_two_settings_not_its_seeds() -> None:
+    """reach_pool trains each mixer under mean and max pooling: the control averaged the two (75% for a mixer at
+    100% under one and 50% under the other) and called every mixer under-trained."""
+    from experiments.report.reach import reach_controls
+
+    runs = reach_runs()
+    runs = runs[runs["mixer"] == "mamba"]
+    learnt = runs.assign(overrides='{"mixer_options":{"expand":1},"pool":"max"}')
+    at_chance = runs.assign(accuracy_by_bucket=runs["accuracy_by_bucket"].map(
+        lambda text: json.dumps({bucket: 0.5 for bucket in json.loads(text)})))
+    verdicts = reach_controls(load_runs_frame(pd.concat([learnt, at_chance])))
+    assert dict(zip(verdicts["backbone"], verdicts["verdict"])) == {'{"pool":"max"}': "passes", "{}": "under-trained"}
+
+
 def load_runs_frame(frame: pd.DataFrame, tmp: Path | None = None) -> pd.DataFrame:
     import tempfile
 

@@ -87,7 +87,8 @@ def _setting(frame: pd.DataFrame) -> list[str]:
     """The columns that pick a reach setting shared by mixers: the cost and recipe keys but the mixer and its
     overrides (mixers differ in those: a parameter-matched mamba), and the overrides every mixer shares
     (`backbone`: mean against max pooling are two settings, never one mixer's seeds)."""
-    return [k for k in (*COST_KEYS, *RECIPE_KEYS, "tokens", "backbone") if k not in ("mixer", "overrides") and k in frame]
+    return [k for k in (*COST_KEYS, *RECIPE_KEYS, "tokens", "backbone")
+            if k not in ("mixer", "overrides") and k in frame]
 
 
 def reach_controls(runs: pd.DataFrame) -> pd.DataFrame:
