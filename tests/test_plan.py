@@ -121,6 +121,24 @@ def test_a_budgeted_sweep_gives_each_point_its_chosen_limit_where_the_config_set
     assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
 
 
+def test_a_budget_spent_by_the_grid_leaves_the_seed_runs_for_the_next_run(monkeypatch, capsys) -> None:
+    """reach_cpu's 48-minute budget ran out in the rate grid; the seed stage then forced a training past it."""
+    import argparse
+    import types
+
+    import experiments.sweep.__main__ as sweep_main
+
+    point = Point(mixer="attention", preset="micro", img_size=16, patch_size=4, batch_size=1)
+    monkeypatch.setattr(sweep_main, "seed_points", lambda *args: types.SimpleNamespace(ready=[point]))
+    monkeypatch.setattr(sweep_main, "stage_lines", lambda *args: [])
+    monkeypatch.setattr(sweep_main, "read_rows", lambda path: [])
+    monkeypatch.setattr(sweep_main, "run_sweep", lambda *args, **kwargs: pytest.fail("a seed point ran"))
+    config = types.SimpleNamespace(out_dir=Path("unused"))
+    args = argparse.Namespace(budget_minutes=1.0, save_weights=False, retry_failed=False, quiet=True, slurm=None)
+    assert sweep_main._run_seed_stage(config, args, None, started=time.monotonic() - 61) is None
+    assert "their 1 points start in the next run" in capsys.readouterr().out
+
+
 def test_rows_without_the_compile_column_keep_their_keys(tmp_path: Path) -> None:
     """runs.csv files written before `compile` (and the predicted_* columns) existed: read, keyed as eager, upgraded."""
     old_columns = [c for c in COLUMNS if c != "compile" and not c.startswith("predicted_")]

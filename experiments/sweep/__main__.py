@@ -567,6 +567,12 @@ def _run_seed_stage(config: SweepConfig, args: argparse.Namespace, planner: Plan
     print("\n".join(stage_lines(config, [], stage)))
     if not stage.ready:
         return None
+    if args.budget_minutes and time.monotonic() >= started + args.budget_minutes * 60:
+        # The grid stage of this command has run points: "every run makes at least one" is met, and a forced
+        # seed point would overrun the budget by a whole training.
+        print(f"budget: spent before the seed runs; their {len(stage.ready)} points start in the next run "
+              "(same command)")
+        return None
     ready = with_weights_paths(stage.ready, config.out_dir) if args.save_weights else stage.ready
     return run_sweep(config, ready, retry_failed=args.retry_failed, progress=not args.quiet,
                      slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes, started=started)
