@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ..measure.point import canonical_json
 from .control import CONTROL_ACCURACY, UNDER_TRAINED, control_verdicts, under_trained
 from .convergence import UNCONVERGED_MARK, UNCONVERGED_NOTE, converged_flags, provisional_note
 from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows
@@ -52,8 +53,9 @@ def bucket_rows(runs: pd.DataFrame) -> pd.DataFrame:
 def backbone_overrides(overrides: object) -> str:
     """A row's overrides less its `mixer_options`, as canonical JSON: what every mixer of a setting shares (the
     head's pooling, the depth), where `mixer_options` is each mixer's own (a parameter-matched mamba)."""
-    values = json.loads(str(overrides) or "{}") if str(overrides).strip().startswith("{") else {}
-    return json.dumps({k: v for k, v in sorted(values.items()) if k != "mixer_options"}, separators=(",", ":"))
+    text = str(overrides).strip()
+    values = json.loads(text) if text.startswith("{") else {}
+    return canonical_json({k: v for k, v in values.items() if k != "mixer_options"})
 
 
 def _group_keys(buckets: pd.DataFrame) -> list[str]:

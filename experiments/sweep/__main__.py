@@ -567,7 +567,7 @@ def _run_seed_stage(config: SweepConfig, args: argparse.Namespace, planner: Plan
     print("\n".join(stage_lines(config, [], stage)))
     if not stage.ready:
         return None
-    if args.budget_minutes and time.monotonic() >= started + args.budget_minutes * 60:
+    if args.budget_minutes and Budget(args.budget_minutes, planner, started).left() <= 0:
         # The grid stage of this command has run points: "every run makes at least one" is met, and a forced
         # seed point would overrun the budget by a whole training.
         print(f"budget: spent before the seed runs; their {len(stage.ready)} points start in the next run "
