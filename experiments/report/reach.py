@@ -14,7 +14,6 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ..measure.point import canonical_json
 from .control import CONTROL_ACCURACY, UNDER_TRAINED, control_verdicts, under_trained
 from .convergence import UNCONVERGED_MARK, UNCONVERGED_NOTE, converged_flags, provisional_note
 from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows
@@ -55,7 +54,10 @@ def backbone_overrides(overrides: object) -> str:
     head's pooling, the depth), where `mixer_options` is each mixer's own (a parameter-matched mamba)."""
     text = str(overrides).strip()
     values = json.loads(text) if text.startswith("{") else {}
-    return canonical_json({k: v for k, v in values.items() if k != "mixer_options"})
+    # measure.point.canonical_json's spelling, written here: importing experiments.measure pulls torch into the
+    # report, which must rebuild without it (tests/test_report.py).
+    shared = {k: v for k, v in values.items() if k != "mixer_options"}
+    return json.dumps(shared, sort_keys=True, separators=(",", ":"))
 
 
 def _group_keys(buckets: pd.DataFrame) -> list[str]:
