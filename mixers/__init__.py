@@ -16,5 +16,6 @@ from . import neighborhood  # noqa: E402,F401  (registers "neighborhood")
 from . import vmamba  # noqa: E402,F401  (registers "vmamba")
 from . import gla  # noqa: E402,F401  (registers "gla")
 from . import mamba2  # noqa: E402,F401  (registers "mamba2")
+from . import identity  # noqa: E402,F401  (registers "identity")
 
 __all__ = ["Grid", "TokenMixer", "create_mixer", "get_mixer_class", "list_mixers", "register_mixer"]

@@ -26,9 +26,10 @@ class ViTConfig:
         mlp_ratio: hidden width of the MLP as a multiple of `dim`; 0 gives mixer-only blocks (Vim's shape).
         drop_path_rate: stochastic depth at the last block, linearly increasing from 0 at the first.
         pool: how the head reads the tokens: `mean` (DeiT-III's and Swin's global average) or `max` (the
-            channel-wise maximum over tokens). Reach uses `max`: a local or linear mixer leaves a relation
-            between two marks in the few tokens near them, and a mean over every token dilutes it until it is
-            not learnt at all (results/reach_pool trains every mixer under both).
+            channel-wise maximum over tokens). Reach keeps `mean`: with a linear head, the logit of mean-pooled
+            tokens is a sum of one term per token, so a label that only two tokens together decide needs the mixer
+            to relate them; under `max`, a model with no mixing at all solves reach (the `identity` mixer in
+            results/reach_pool), so reach would measure nothing.
     """
 
     dim: int
