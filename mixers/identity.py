@@ -9,7 +9,8 @@ from .registry import register_mixer
 
 @register_mixer("identity")
 class IdentityMixer(TokenMixer):
-    """Returns its input, so no token ever sees another: MetaFormer's IdentityFormer (Yu et al., "MetaFormer Baselines for Vision", 2022).
+    """Returns its input, so no token ever sees another: the IdentityFormer of "MetaFormer Baselines for Vision"
+    (Yu et al., 2022).
 
     What a trained model with this mixer scores is what the rest of the backbone (patch embedding, position
     embedding, per-token MLPs, pooling, head) gets without any mixing; a task on which it beats chance can be
