@@ -95,6 +95,47 @@ def test_two_poolings_of_one_mixer_are_two_settings_not_its_seeds() -> None:
     assert dict(zip(verdicts["backbone"], verdicts["verdict"])) == {'{"pool":"max"}': "passes", "{}": "under-trained"}
 
 
+def _with_identity(level: float, lr_of_identity: str = '{"batch_size":64}') -> pd.DataFrame:
+    """reach_runs plus the negative control, identity, at `level` on every bucket (its own rate if given)."""
+    runs = reach_runs()
+    identity = runs[runs["mixer"] == "attention"].assign(
+        mixer="identity", train=lr_of_identity,
+        accuracy_by_bucket=lambda f: f["accuracy_by_bucket"].map(
+            lambda text: json.dumps({bucket: level for bucket in json.loads(text)})))
+    return load_runs_frame(pd.concat([runs, identity]))
+
+
+def test_negative_control_at_chance_leaves_the_findings_standing() -> None:
+    from experiments.report.reach import reach_controls, reach_tables
+
+    runs = _with_identity(0.5)
+    verdicts = reach_controls(runs).set_index("mixer")
+    assert verdicts.loc["identity", "verdict"] == "at chance"
+    assert verdicts.loc["attention", "verdict"] == "passes"
+    pairs = separations(bucket_rows(runs))
+    assert not pairs["note"].str.contains("solvable").any()
+    numeric, _ = reach_tables(runs)
+    assert not numeric["solvable_without_mixing"].any()
+
+
+def test_negative_control_above_chance_makes_every_reading_of_its_task_no_finding() -> None:
+    """A model that mixes nothing at 100% (reach under a max over the tokens): no mixer's reach there is a finding,
+    though identity trained at a rate of its own (another `train`, the same task)."""
+    from experiments.report.reach import reach_controls, reach_notes, reach_summary_lines, reach_tables
+
+    runs = _with_identity(1.0, lr_of_identity='{"batch_size":64,"lr":0.002}')
+    verdicts = reach_controls(runs).set_index("mixer")
+    assert verdicts.loc["identity", "verdict"] == "solvable without mixing"
+    pairs = separations(bucket_rows(runs))
+    assert len(pairs) and pairs["note"].str.contains("not a finding: solvable without mixing").all()
+    numeric, display = reach_tables(runs)
+    assert numeric["solvable_without_mixing"].all()
+    shown = display["attention"][display["attention"] != "–"]
+    assert len(shown) and shown.str.endswith("§").all()
+    assert any(note.startswith("§ solvable without mixing") for note in reach_notes(numeric))
+    assert any("identity: **solvable without mixing**" in line for line in reach_summary_lines(runs))
+
+
 def load_runs_frame(frame: pd.DataFrame, tmp: Path | None = None) -> pd.DataFrame:
     import tempfile
 

@@ -7,6 +7,10 @@ row instead of reading a distance effect into them.
 
 `CONTROLS` is the one place that says which buckets count for which mixer, and why. A mixer it does not know (one a
 user added) gets no control, and the report says so rather than guess its reach.
+
+The negative control is the other side: a mixer that mixes nothing (`identity`) must stay at chance, since the label
+is decided by two tokens together. Where it beats chance, the task as set up can be solved without relating tokens
+(a max over the tokens does that: results/reach_pool), and no mixer's reach in that setting is a finding.
 """
 from __future__ import annotations
 
@@ -19,6 +23,13 @@ import pandas as pd
 # The accuracy (%) a mixer must reach on each of its control buckets, as the issue states it (issue 32).
 CONTROL_ACCURACY = 90.0
 UNDER_TRAINED = "under-trained"
+
+# Mixers that relate no tokens, and why each must stay at chance on reach.
+NEGATIVE_CONTROLS: dict[str, str] = {"identity": "mixes nothing, and the label needs two tokens together"}
+# Points above chance (%) of a negative control's mean over every bucket that make a setting solvable without mixing:
+# several standard errors of a test accuracy over thousands of images, far below what any learnt shortcut gives.
+NEGATIVE_MARGIN = 5.0
+SOLVABLE_WITHOUT_MIXING = "solvable without mixing"
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,9 @@ def control_verdicts(summary: pd.DataFrame, setting: list[str]) -> pd.DataFrame:
     records = []
     for values, sub in summary.groupby([*setting, "mixer"], sort=False, dropna=False):
         record = dict(zip([*setting, "mixer"], values if isinstance(values, tuple) else (values,)))
+        if record["mixer"] in NEGATIVE_CONTROLS:
+            records.append({**record, **_negative_verdict(record["mixer"], sub)})
+            continue
         control, reason = control_of(record["mixer"], str(sub["overrides"].iloc[0]) if "overrides" in sub else "{}")
         if control is None:
             records.append({**record, "control": "", "verdict": "no control", "reason": reason})
@@ -115,6 +129,34 @@ def control_verdicts(summary: pd.DataFrame, setting: list[str]) -> pd.DataFrame:
                         "reason": (f"below {CONTROL_ACCURACY:.0f}% on a bucket it covers ({control.why})" if failed
                                    else control.why)})
     return pd.DataFrame.from_records(records)
+
+
+def _negative_verdict(mixer: str, sub: pd.DataFrame) -> dict[str, str]:
+    """A negative control's verdict from its bucket rows (mean `accuracy` and `chance` in %)."""
+    mean = float(sub["accuracy"].mean())
+    level = float(sub["chance"].iloc[0]) if "chance" in sub else math.nan
+    if not (math.isfinite(mean) and math.isfinite(level)):
+        return {"control": "", "verdict": "no control", "reason": "accuracy or chance unknown"}
+    shown = f"every bucket: {mean:.1f}% (chance {level:.0f}%)"
+    if mean >= level + NEGATIVE_MARGIN:
+        return {"control": shown, "verdict": SOLVABLE_WITHOUT_MIXING,
+                "reason": f"a negative control above chance by {NEGATIVE_MARGIN:.0f}+ points: it "
+                          f"{NEGATIVE_CONTROLS[mixer]}, so no mixer's reach in this setting is a finding"}
+    return {"control": shown, "verdict": "at chance", "reason": f"negative control: it {NEGATIVE_CONTROLS[mixer]}"}
+
+
+def task_of(setting: list[str]) -> list[str]:
+    """The setting columns that pick the task itself: the recipe (`train`: each mixer's own rate) and the budget
+    (`epochs`) left out, so one negative control speaks for every mixer trained on the same images and head."""
+    return [k for k in setting if k not in ("train", "epochs")]
+
+
+def solvable_without_mixing(verdicts: pd.DataFrame, setting: list[str]) -> set[tuple]:
+    """The tasks (values of `task_of(setting)`) where a negative control beat chance."""
+    if verdicts.empty:
+        return set()
+    failed = verdicts[verdicts["verdict"] == SOLVABLE_WITHOUT_MIXING]
+    return {tuple(row[c] for c in task_of(setting)) for row in failed.to_dict("records")}
 
 
 def under_trained(verdicts: pd.DataFrame, setting: list[str]) -> set[tuple]:

@@ -39,6 +39,7 @@ _BUILTIN_STYLES: dict[str, tuple[int, str, str | tuple]] = {
     "swin": (2, "^", "-."),
     "linear": (1, "D", (0, (1, 1.5))),
     "mamba": (3, "v", (0, (4, 1.5, 1, 1.5, 1, 1.5))),
+    "identity": (7, "x", ":"),  # the negative control (no mixing): grey and dotted, read as a floor
 }
 # What a mixer a user adds draws from: the palette entries no built-in uses (but yellow, too faint on white),
 # and other markers.

@@ -14,7 +14,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .control import CONTROL_ACCURACY, UNDER_TRAINED, control_verdicts, under_trained
+from .control import (
+    CONTROL_ACCURACY, NEGATIVE_CONTROLS, SOLVABLE_WITHOUT_MIXING, UNDER_TRAINED, control_verdicts,
+    solvable_without_mixing, task_of, under_trained,
+)
 from .convergence import UNCONVERGED_MARK, UNCONVERGED_NOTE, converged_flags, provisional_note
 from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows
 from .mixer_order import mixer_rank
@@ -30,6 +33,9 @@ UNDER_TRAINED_MARK = "‡"
 UNDER_TRAINED_NOTE = (f"{UNDER_TRAINED_MARK} {UNDER_TRAINED}: below {CONTROL_ACCURACY:.0f}% on its positive control "
                       "bucket(s), which its first layer(s) already cover (tables/reach_control): it did not learn the "
                       "task, so its other buckets are not a finding about how far it sees.")
+SOLVABLE_MARK = "§"
+SOLVABLE_NOTE = (f"{SOLVABLE_MARK} {SOLVABLE_WITHOUT_MIXING}: a mixer that relates no tokens (identity) beat chance "
+                 "on this task (tables/reach_control), so no accuracy here says how far a mixer sees.")
 
 
 def bucket_rows(runs: pd.DataFrame) -> pd.DataFrame:
@@ -107,10 +113,13 @@ def _cautions(summary: pd.DataFrame, verdicts: pd.DataFrame) -> dict[tuple, list
     """Per (setting..., mixer): what a comparison resting on it must say: under-trained, not converged."""
     setting = _setting(summary)
     failed = under_trained(verdicts, setting)
+    solvable = solvable_without_mixing(verdicts, setting)
+    task = [setting.index(k) for k in task_of(setting)]
     cautions: dict[tuple, list[str]] = {}
     for values, sub in summary.groupby([*setting, "mixer"], sort=False, dropna=False):
         key = values if isinstance(values, tuple) else (values,)
         cautions[key] = ([UNDER_TRAINED] if key in failed else []) + \
+            ([SOLVABLE_WITHOUT_MIXING] if tuple(key[i] for i in task) in solvable else []) + \
             (["not converged"] if sub["unconverged"].any() else [])
     return cautions
 
@@ -153,7 +162,9 @@ def _pair_note(cautions: dict[str, list[str]]) -> str:
     """What a comparison of two mixers must say about them: "" when both were trained well and converged."""
     failed = [m for m, c in cautions.items() if UNDER_TRAINED in c]
     open_ = [m for m, c in cautions.items() if "not converged" in c]
-    parts = [f"not a finding: {', '.join(failed)} {UNDER_TRAINED} {UNDER_TRAINED_MARK}"] if failed else []
+    parts = [f"not a finding: {SOLVABLE_WITHOUT_MIXING} {SOLVABLE_MARK}"] \
+        if any(SOLVABLE_WITHOUT_MIXING in c for c in cautions.values()) else []
+    parts += [f"not a finding: {', '.join(failed)} {UNDER_TRAINED} {UNDER_TRAINED_MARK}"] if failed else []
     parts += [provisional_note(open_)] if open_ else []
     return "; ".join(parts)
 
@@ -172,7 +183,8 @@ def reach_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     keys = [tuple(r[c] for c in [*setting, "mixer"]) for r in summary.to_dict("records")]
     cells = [_cell(r) + _marks(cautions.get(k, [])) for (_, r), k in zip(summary.iterrows(), keys)]
     summary = summary.assign(cell=cells,
-                             under_trained=[UNDER_TRAINED in cautions.get(k, []) for k in keys])
+                             under_trained=[UNDER_TRAINED in cautions.get(k, []) for k in keys],
+                             solvable_without_mixing=[SOLVABLE_WITHOUT_MIXING in cautions.get(k, []) for k in keys])
     wide = summary.pivot_table(index=index, columns="mixer", values="cell", aggfunc="first", sort=False)
     wide = wide[sorted(wide.columns, key=mixer_rank)].fillna(MISSING).reset_index()
     failed_everywhere = summary.groupby("mixer")["under_trained"].all()
@@ -190,12 +202,15 @@ def reach_notes(numeric: pd.DataFrame) -> tuple[str, ...]:
         notes.append(UNCONVERGED_NOTE)
     if "under_trained" in numeric and numeric["under_trained"].any():
         notes.append(UNDER_TRAINED_NOTE)
+    if "solvable_without_mixing" in numeric and numeric["solvable_without_mixing"].any():
+        notes.append(SOLVABLE_NOTE)
     return tuple(notes)
 
 
 def _marks(cautions: list[str]) -> str:
     marks = (UNCONVERGED_MARK if "not converged" in cautions else "") + \
-        (UNDER_TRAINED_MARK if UNDER_TRAINED in cautions else "")
+        (UNDER_TRAINED_MARK if UNDER_TRAINED in cautions else "") + \
+        (SOLVABLE_MARK if SOLVABLE_WITHOUT_MIXING in cautions else "")
     return f" {marks}" if marks else ""
 
 
@@ -250,13 +265,15 @@ def reach_summary_lines(runs: pd.DataFrame) -> list[str]:
     lines = ["## Reach: positive control", "",
              f"A bucket a mixer's first layer(s) already cover must reach {CONTROL_ACCURACY:.0f}% "
              "(experiments/report/control.py says which buckets count for which mixer); a mixer below it is "
-             f"{UNDER_TRAINED}, and its other buckets are not read as a finding.", ""]
+             f"{UNDER_TRAINED}, and its other buckets are not read as a finding. A mixer that relates no tokens "
+             f"({', '.join(NEGATIVE_CONTROLS)}) is the negative control: where it beats chance, the setting is "
+             f"{SOLVABLE_WITHOUT_MIXING} and no mixer's reach there is a finding.", ""]
     several = verdicts["backbone"].nunique() > 1  # e.g. mean against max pooling: say which row is which
     for record in sort_rows(verdicts, ["backbone", "mixer"] if several else ["mixer"]).to_dict("records"):
         shown = f" ({record['control']})" if record["control"] else ""
         name = f"{record['mixer']} {record['backbone']}" if several else record["mixer"]
         lines.append(f"- {name}: **{record['verdict']}**{shown}: {record['reason']}"
-                     if record["verdict"] == UNDER_TRAINED else
+                     if record["verdict"] in (UNDER_TRAINED, SOLVABLE_WITHOUT_MIXING) else
                      f"- {name}: {record['verdict']}{shown}: {record['reason']}")
     lines += ["", "## Reach: does any distance or direction separate two mixers?", ""]
     if seeds < 2:
