@@ -64,6 +64,25 @@ def test_a_killed_training_resumes_its_curve_exactly(tmp_path: Path) -> None:
     assert resumed.result.accuracy == straight.result.accuracy
 
 
+def test_a_checkpoint_with_the_curve_as_a_list_still_resumes(tmp_path: Path) -> None:
+    """Checkpoints hold the curve as JSON text now (pickling the list cost seconds per training); one written
+    before, with the list itself, resumes to the same curve."""
+    import json
+
+    from experiments.train.recipe import CHECKPOINT_NAME
+
+    straight = train(tiny_vit())
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(crash_after(tiny_vit(), 45), checkpoint_dir=tmp_path / "ckpt")
+    checkpoint = tmp_path / "ckpt" / CHECKPOINT_NAME
+    saved = torch.load(checkpoint, weights_only=True)
+    assert isinstance(saved["curve"], str)
+    torch.save({**saved, "curve": json.loads(saved["curve"])}, checkpoint)
+    resumed = train(tiny_vit(seed=9), checkpoint_dir=tmp_path / "ckpt")
+    assert [{k: v for k, v in row.items() if k != "wall_s"} for row in resumed.curve] == \
+        [{k: v for k, v in row.items() if k != "wall_s"} for row in straight.curve]
+
+
 def fake_scores(monkeypatch, accuracy_at) -> None:
     """Replaces validation by `accuracy_at(evaluation index)`, so the rule sees a curve of the test's shape."""
     calls = [0]
