@@ -52,9 +52,8 @@ which runs a flag changes (--dry-run prints, per run, what it does, its points a
 
 # Flags that override config fields: flag name -> (field, argparse kwargs)
 _FIELD_FLAGS = {
-    "mixers": dict(nargs="+", metavar="NAME", help="mixers to run, by registry key: attention, attention_naive, swin, "
-                   "linear, mamba, neighborhood, vmamba, gla, mamba2, or any mixer registered in mixers/; default: "
-                   "the config's list, else every registered mixer"),
+    "mixers": dict(nargs="+", metavar="NAME", help="mixers to run, by registry key: {registered}; default: the "
+                   "config's list, else every registered mixer"),
     "presets": dict(nargs="+", metavar="NAME", help="backbone presets: micro, tiny, small, base"),
     "img_sizes": dict(nargs="+", type=int, metavar="PX", help="input sides in pixels (square images)"),
     "patch_sizes": dict(nargs="+", type=int, metavar="PX", help="patch sides in pixels; must divide every image size"),
@@ -102,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default=None, metavar="NAME|PATH",
                         help=f"named config ({', '.join(named_configs())}) or a TOML file; default: default (but "
                         "grid flags without --config make a sweep of their own, see below)")
+    from mixers import list_mixers  # the registry, so a mixer added in one file is listed too
+
     for name, kwargs in _FIELD_FLAGS.items():
+        if name == "mixers":
+            kwargs = dict(kwargs, help=kwargs["help"].format(registered=", ".join(list_mixers())))
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, **kwargs)
     parser.add_argument("--slurm", default=None, metavar="PARTITION",
                         help="with --launcher submitit: submit to this Slurm partition (default: run jobs locally)")
