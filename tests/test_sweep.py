@@ -195,7 +195,7 @@ def test_default_lists_its_mixers_so_a_new_mixer_does_not_grow_its_budget() -> N
 
     values, source = load_config("default")
     mixers_run = {p.mixer for p in config_from_dict(values, source).points(list_mixers())}
-    assert mixers_run == {"attention", "attention_naive", "swin", "linear", "mamba"}
+    assert mixers_run == {"attention", "attention_naive", "swin", "linear", "mamba", "identity"}
 
 
 def training_config(tmp_path: Path, extra: str = "") -> Path:
