@@ -121,6 +121,21 @@ def test_curves_are_drawn_per_mixer_with_seeds_banded(sweep: Path) -> None:
         assert ys.min() <= last.min()
 
 
+def test_a_seed_that_stopped_early_holds_its_last_accuracy_in_the_mean() -> None:
+    """The seed that learnt and stopped on a plateau must not leave the mean, which would fall back to chance."""
+    from experiments.report.plots_curves import _mean_band
+
+    learnt = [(0, 0, 50.0), (0, 1, 100.0)]  # (row, eval_index, accuracy): stopped after two evaluations
+    still = [(1, i, 50.0) for i in range(4)]
+    curve = pd.DataFrame([dict(row=r, seed=r, eval_index=i, samples_seen=100 * i, val_accuracy=a)
+                          for r, i, a in learnt + still])
+    line = _mean_band(curve, "samples_seen")
+    assert list(line["x"]) == [0, 100, 200, 300]
+    assert list(line["mean"]) == [50.0, 75.0, 75.0, 75.0]
+    assert (list(line["low"]), list(line["high"])) == ([50.0] * 4, [50.0, 100.0, 100.0, 100.0])
+    assert list(line["seeds"]) == [2, 2, 2, 2]
+
+
 def test_two_numbers_never_and_the_unconverged_mark(sweep: Path) -> None:
     runs = load_runs(sweep / "runs.csv")
     numeric, display = convergence_tables(runs)

@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.markers import MarkerStyle
 from matplotlib.ticker import MaxNLocator
 
 from .crossover import COST_KEYS, accuracy_facet_keys, accuracy_rows, cost_points
@@ -77,7 +78,8 @@ def _accuracy_figure(facet: Facet, points: pd.DataFrame, costs: list[str]) -> Fi
         handles.append(Line2D([], [], color="0.5", linestyle=":", linewidth=0.9, label="chance"))
     if _unconverged(points).any():
         handles.append(Line2D([], [], color="0.25", marker="o", markerfacecolor="white", linestyle="none",
-                              label=f"hollow: not converged {UNCONVERGED_MARK} (a lower bound; front provisional)"))
+                              label=f"hollow (x faint): not converged {UNCONVERGED_MARK} (a lower bound; front "
+                              "provisional)"))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, handlelength=1.6,
                ncol=_legend_columns([h.get_label() for h in handles], width, handle_in=1.6 * 7 / 72))
     return fig
@@ -112,10 +114,16 @@ def _draw_accuracy_panel(ax: Axes, points: pd.DataFrame, cost: str, label_front:
         style = mixer_style(mixer)
         # A setting some seed of which did not converge is drawn hollow: its accuracy is a lower bound.
         hollow = _unconverged(group)
-        ax.scatter(group.loc[~hollow, cost], group.loc[~hollow, "accuracy"], color=style.color, marker=style.marker,
-                   s=30, zorder=3, edgecolors="white", linewidths=0.5)
-        ax.scatter(group.loc[hollow, cost], group.loc[hollow, "accuracy"], facecolors="white", marker=style.marker,
-                   s=30, zorder=3, edgecolors=style.color, linewidths=1.0)
+        if MarkerStyle(style.marker).is_filled():
+            solid = dict(color=style.color, edgecolors="white", linewidths=0.5)
+            open_ = dict(facecolors="white", edgecolors=style.color, linewidths=1.0)
+        else:  # a line marker ('x') has no face to leave white, and a white one vanishes: faint instead
+            solid = dict(color=style.color, linewidths=1.0)
+            open_ = dict(color=style.color, linewidths=1.0, alpha=0.45)
+        ax.scatter(group.loc[~hollow, cost], group.loc[~hollow, "accuracy"], marker=style.marker, s=30, zorder=3,
+                   **solid)
+        ax.scatter(group.loc[hollow, cost], group.loc[hollow, "accuracy"], marker=style.marker, s=30, zorder=3,
+                   **open_)
         yerr = percent_error_bars(group["accuracy"], group["accuracy_ci_low"], group["accuracy_ci_high"])
         ax.errorbar(group[cost], group["accuracy"], yerr=yerr, fmt="none",
                     ecolor=style.color, elinewidth=0.9, capsize=2, zorder=2.5)

@@ -2,9 +2,9 @@
 (the mean over seeds, a band over their range), one figure per training setting as the accuracy tables group them;
 for reach, one panel per (direction, distance) bucket.
 
-An evaluation's seeds are those still training there: under the convergence rule a seed that stopped early leaves
-the mean from its last evaluation on, and the line's end marker is hollow where a seed ended at the maximum budget
-unconverged (`convergence.UNCONVERGED_MARK`). The x axis is logarithmic where its values span a decade or more (the
+Under the convergence rule a seed that stopped early is held at its last accuracy to the end of the line (the rule
+stopped it on a plateau, so that is what more samples would have given it), and the line's end marker is hollow
+where a seed ended at the maximum budget unconverged (`convergence.UNCONVERGED_MARK`). The x axis is logarithmic where its values span a decade or more (the
 evaluation before the first step, at 0, then sits off the axis and is left out).
 """
 from __future__ import annotations
@@ -100,11 +100,15 @@ def _flop_unit(largest: float) -> tuple[float, str]:
 
 
 def _mean_band(curve: pd.DataFrame, x: str) -> pd.DataFrame:
-    """Per evaluation: the mean x and accuracy over the seeds evaluated there, and the accuracy's range."""
-    grouped = curve.groupby("eval_index")
-    return pd.DataFrame({"x": grouped[x].mean(), "mean": grouped["val_accuracy"].mean(),
-                         "low": grouped["val_accuracy"].min(), "high": grouped["val_accuracy"].max(),
-                         "seeds": grouped["seed"].nunique()}).reset_index().sort_values("x")
+    """Per evaluation: the mean x over the seeds evaluated there; the mean accuracy and its range over every seed,
+    a seed that has stopped held at its last accuracy."""
+    # Evaluations are evenly spaced in samples, so one index is one point of training for every seed. Without the
+    # hold, a seed that learnt and stopped early would leave the mean, which would fall back to the others.
+    accuracy = (curve.pivot_table(index="eval_index", columns="row", values="val_accuracy", aggfunc="mean")
+                .sort_index().ffill())
+    return pd.DataFrame({"x": curve.groupby("eval_index")[x].mean(), "mean": accuracy.mean(axis=1),
+                         "low": accuracy.min(axis=1), "high": accuracy.max(axis=1),
+                         "seeds": accuracy.notna().sum(axis=1)}).reset_index().sort_values("x")
 
 
 def _log_x(values: pd.Series) -> bool:
