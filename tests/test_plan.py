@@ -185,10 +185,10 @@ def test_planner_builds_from_training_rows_alone(tmp_path: Path) -> None:
     from experiments.sweep.plan import Planner
     from mixers import list_mixers
 
-    values, source = load_config("reach_cpu")
+    values, source = load_config("default_lr")  # a committed training-only sweep
     points = config_from_dict(values, source).points(list_mixers())
     runs = tmp_path / "runs.csv"
-    runs.write_text((REPO / "results" / "reach_cpu" / "runs.csv").read_text())
+    runs.write_text((REPO / "results" / "default_lr" / "runs.csv").read_text())
     planner = Planner.build(points, runs, calibrate=False)
     assert all(planner.predict(p).point.key == p.key for p in points)
 
