@@ -84,15 +84,39 @@ def test_reach_summary_and_separations() -> None:
 def test_two_poolings_of_one_mixer_are_two_settings_not_its_seeds() -> None:
     """reach_pool trains each mixer under mean and max pooling: the control averaged the two (75% for a mixer at
     100% under one and 50% under the other) and called every mixer under-trained."""
-    from experiments.report.reach import reach_controls
+    from experiments.report.reach import reach_controls, reach_tables
 
     runs = reach_runs()
     runs = runs[runs["mixer"] == "mamba"]
     learnt = runs.assign(overrides='{"mixer_options":{"expand":1},"pool":"max"}')
     at_chance = runs.assign(accuracy_by_bucket=runs["accuracy_by_bucket"].map(
         lambda text: json.dumps({bucket: 0.5 for bucket in json.loads(text)})))
-    verdicts = reach_controls(load_runs_frame(pd.concat([learnt, at_chance])))
+    frame = load_runs_frame(pd.concat([learnt, at_chance]))
+    verdicts = reach_controls(frame)
     assert dict(zip(verdicts["backbone"], verdicts["verdict"])) == {'{"pool":"max"}': "passes", "{}": "under-trained"}
+    # The reach table once kept the first setting's cells and dropped the other's: a block of rows for each.
+    _, wide = reach_tables(frame)
+    assert sorted(wide["Shared overrides"].unique()) == ['{"pool":"max"}', "{}"]
+    assert len(wide) == 2 * 3 * len(DISTANCES)
+
+
+def test_two_option_sets_of_one_mixer_are_two_mixers_each_with_its_control() -> None:
+    """reach_long trains swin with 2 x 2 windows and with one window over the grid: the reach table showed one of
+    them under the name swin, and the control averaged both (75%) and called the one that learnt under-trained."""
+    from experiments.report.reach import reach_controls, reach_tables
+
+    runs = reach_runs()
+    swin = runs[runs["mixer"] == "swin"]
+    windows = swin.assign(overrides='{"mixer_options":{"window_size":2}}', accuracy_by_bucket=swin[
+        "accuracy_by_bucket"].map(lambda text: json.dumps({bucket: 0.5 for bucket in json.loads(text)})))
+    one_window = swin.assign(overrides='{"mixer_options":{"window_size":4}}')  # 97% at distance 1
+    frame = load_runs_frame(pd.concat([runs[runs["mixer"] != "swin"], windows, one_window]))
+    verdicts = reach_controls(frame)
+    assert dict(zip(verdicts["mixer"], verdicts["verdict"])) == {
+        "attention": "passes", "swin (window_size 2)": "under-trained", "swin (window_size 4)": "passes",
+        "mamba": "passes"}  # mamba has one set of options: its plain name
+    _, wide = reach_tables(frame)
+    assert {"swin (window_size 2) (under-trained)", "swin (window_size 4)"} <= set(wide.columns)
 
 
 def _with_identity(level: float, lr_of_identity: str = '{"batch_size":64}') -> pd.DataFrame:

@@ -106,10 +106,12 @@ def control_verdicts(summary: pd.DataFrame, setting: list[str]) -> pd.DataFrame:
     records = []
     for values, sub in summary.groupby([*setting, "mixer"], sort=False, dropna=False):
         record = dict(zip([*setting, "mixer"], values if isinstance(values, tuple) else (values,)))
-        if record["mixer"] in NEGATIVE_CONTROLS:
-            records.append({**record, **_negative_verdict(record["mixer"], sub)})
+        # `mixer` may name one variant of a registered mixer ("swin (window_size 4)", reach.name_variants).
+        registry = str(sub["registry"].iloc[0]) if "registry" in sub else record["mixer"]
+        if registry in NEGATIVE_CONTROLS:
+            records.append({**record, **_negative_verdict(registry, sub)})
             continue
-        control, reason = control_of(record["mixer"], str(sub["overrides"].iloc[0]) if "overrides" in sub else "{}")
+        control, reason = control_of(registry, str(sub["overrides"].iloc[0]) if "overrides" in sub else "{}")
         if control is None:
             records.append({**record, "control": "", "verdict": "no control", "reason": reason})
             continue

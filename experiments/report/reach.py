@@ -49,10 +49,33 @@ def bucket_rows(runs: pd.DataFrame) -> pd.DataFrame:
             direction, distance = bucket.rsplit(":", 1)
             record = {k: row[k] for k in (*COST_KEYS, *RECIPE_KEYS, "tokens", "seed")}
             record["backbone"] = backbone_overrides(row["overrides"])
-            record.update(direction=direction, distance=int(distance), bucket_accuracy=float(value) * 100,
-                          converged=flags[index])
+            record.update(registry=row["mixer"], direction=direction, distance=int(distance),
+                          bucket_accuracy=float(value) * 100, converged=flags[index])
             records.append(record)
-    return pd.DataFrame.from_records(records)
+    return name_variants(pd.DataFrame.from_records(records))
+
+
+def name_variants(buckets: pd.DataFrame) -> pd.DataFrame:
+    """A mixer trained with several `mixer_options` in one setting (reach_long's swin with 2 x 2 windows and with
+    one window over the grid) is several mixers here: each is named by its options, "swin (window_size 4)", so
+    the tables give each its own column and control, and `registry` keeps the registry name. A mixer with one set
+    of options keeps its plain name."""
+    if buckets.empty:
+        return buckets
+    options = buckets["overrides"].map(_mixer_options)
+    # Per task, not per setting: each variant may have trained at a rate of its own (`train` differs).
+    keys = [*task_of(_setting(buckets)), "mixer"]
+    several = buckets.assign(_options=options).groupby(keys, dropna=False)["_options"].transform("nunique") > 1
+    named = [f"{mixer} ({', '.join(f'{k} {v}' for k, v in sorted(opts.items())) or 'default'})" if many else mixer
+             for mixer, opts, many in zip(buckets["mixer"], options.map(json.loads), several)]
+    return buckets.assign(mixer=named)
+
+
+def _mixer_options(overrides: object) -> str:
+    """A row's `mixer_options` as canonical JSON ("{}" for none)."""
+    text = str(overrides).strip()
+    values = json.loads(text) if text.startswith("{") else {}
+    return json.dumps(values.get("mixer_options") or {}, sort_keys=True, separators=(",", ":"))
 
 
 def backbone_overrides(overrides: object) -> str:
@@ -83,7 +106,9 @@ def _summarise(buckets: pd.DataFrame) -> pd.DataFrame:
     for values, sub in buckets.groupby(_group_keys(buckets), sort=False, dropna=False):
         stats = seed_stats(sub["bucket_accuracy"], ACCURACY_BOUNDS)
         level = chance(str(sub["dataset"].iloc[0]))
-        records.append({**dict(zip(_group_keys(buckets), values)), "accuracy": stats["mean"],
+        records.append({**dict(zip(_group_keys(buckets), values)),
+                        "registry": sub["registry"].iloc[0] if "registry" in sub else sub["mixer"].iloc[0],
+                        "accuracy": stats["mean"],
                         "accuracy_sd": stats["sd"], "ci_low": stats["ci_low"], "ci_high": stats["ci_high"],
                         "seeds": stats["n"], "chance": level * 100 if level is not None else math.nan,
                         "unconverged": any(f is False for f in sub["converged"])})
@@ -179,6 +204,7 @@ def reach_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     setting = _setting(summary)
     cautions = _cautions(summary, control_verdicts(summary, setting))
     varying = [k for k in accuracy_facet_keys(runs) if k in summary and k != "overrides"]
+    varying += ["backbone"] if summary["backbone"].nunique() > 1 else []  # mean and max pooling: a row block each
     index = [*varying, "direction", "distance"]
     keys = [tuple(r[c] for c in [*setting, "mixer"]) for r in summary.to_dict("records")]
     cells = [_cell(r) + _marks(cautions.get(k, [])) for (_, r), k in zip(summary.iterrows(), keys)]
@@ -189,7 +215,8 @@ def reach_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     wide = wide[sorted(wide.columns, key=mixer_rank)].fillna(MISSING).reset_index()
     failed_everywhere = summary.groupby("mixer")["under_trained"].all()
     wide = wide.rename(columns={m: f"{m} ({UNDER_TRAINED})" for m in failed_everywhere.index if failed_everywhere[m]})
-    wide = wide.rename(columns={"direction": "Direction", "distance": "Distance (patches)"})
+    wide = wide.rename(columns={"direction": "Direction", "distance": "Distance (patches)",
+                                "backbone": "Shared overrides"})
     numeric = summary.drop(columns="cell").rename(columns={"accuracy": "accuracy_pct", "accuracy_sd": "sd_pct",
                                                            "ci_low": "ci_low_pct", "ci_high": "ci_high_pct"})
     return numeric, wide.astype(str)

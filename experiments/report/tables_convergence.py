@@ -16,7 +16,7 @@ from .convergence import NEVER, UNCONVERGED_MARK, converged_flags, recorded, unc
 from .crossover import COST_KEYS, RECIPE_KEYS, accuracy_facet_keys, accuracy_rows
 from .curves import bucket_curves, first_reach
 from .mixer_order import mixer_rank
-from .reach import DIRECTION_ORDER
+from .reach import DIRECTION_ORDER, backbone_overrides, name_variants
 from .tables import MISSING, POINT_KEYS, accuracy_summary, fmt_number, fmt_spread, sort_rows
 
 # The setting a training belongs to, as the accuracy table groups its rows.
@@ -113,11 +113,12 @@ def reach_bucket_tables(runs: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.Da
             continue  # no stated accuracy to time: neither a number nor "never"
         samples, flops = first_reach(curve, target)
         per_seed.append({**{k: rows.at[row, k] for k in SETTING_KEYS}, "direction": direction, "distance": distance,
+                         "backbone": backbone_overrides(rows.at[row, "overrides"]),
                          "samples_to_target": samples, "flops_to_target": flops})
     if not per_seed:
         return pd.DataFrame(), pd.DataFrame()
-    per_seed = pd.DataFrame.from_records(per_seed)
-    group = [*SETTING_KEYS, "direction", "distance"]
+    per_seed = name_variants(pd.DataFrame.from_records(per_seed))  # as the reach table names them
+    group = [*SETTING_KEYS, "backbone", "direction", "distance"]
     records = []
     for values, sub in per_seed.groupby(group, sort=False, dropna=False):
         records.append({**dict(zip(group, values)), "samples_to_target": sub["samples_to_target"].mean(),
@@ -129,8 +130,10 @@ def reach_bucket_tables(runs: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.Da
         lambda d: DIRECTION_ORDER.index(d) if d in DIRECTION_ORDER else len(DIRECTION_ORDER))
     numeric = sort_rows(numeric, ["direction_rank", "distance", "mixer"]).drop(columns="direction_rank")
     varying = [k for k in accuracy_facet_keys(runs) if k in numeric and k != "overrides"]
+    varying += ["backbone"] if numeric["backbone"].nunique() > 1 else []
     index = [*varying, "direction", "distance"]
     wide = numeric.pivot_table(index=index, columns="mixer", values="cell", aggfunc="first", sort=False)
     wide = wide[sorted(wide.columns, key=mixer_rank)].fillna(MISSING).reset_index()
-    wide = wide.rename(columns={"direction": "Direction", "distance": "Distance (patches)"})
+    wide = wide.rename(columns={"direction": "Direction", "distance": "Distance (patches)",
+                                "backbone": "Shared overrides"})
     return numeric.drop(columns="cell"), wide.astype(str)
