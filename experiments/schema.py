@@ -120,6 +120,9 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "gpu_clock_mhz",  # SM clock nvidia-smi reported when the point ended; empty where it does not answer
     "driver_version",  # NVIDIA driver; empty on CPU
     "load_start",  # 1-minute load average when the sweep started, before it ran anything: other work's load
+    # cores other processes kept busy when the sweep started, sampled over 1 s (/proc/stat): unlike the load
+    # average, it does not still hold the minute before (a previous stage's or sweep's own trainings)
+    "busy_start",
     "load_end",  # 1-minute load average when the point ended (includes the sweep's own threads)
     "point_seconds",  # wall time of the whole point, including counting and training
     # the planner's prediction before the point ran (experiments/sweep/plan.py); empty when uncalibrated

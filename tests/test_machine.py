@@ -80,6 +80,7 @@ def test_a_sweep_row_records_threads_and_load(tmp_path: Path) -> None:
     (row,) = read_rows(tmp_path / "out" / "runs.csv")
     assert int(row["cpu_threads"]) >= 1
     assert float(row["load_start"]) >= 0 and float(row["load_end"]) >= 0
+    assert 0 <= float(row["busy_start"]) <= 2 * (os.cpu_count() or 1)
 
 
 def test_killed_point_leaves_no_workers_and_no_warnings(tmp_path: Path) -> None:
@@ -136,6 +137,25 @@ def test_summary_says_when_the_machine_was_busy(tmp_path: Path) -> None:
     assert "the machine was busy" not in (tmp_path / "quiet" / "summary.md").read_text()
     busy = (tmp_path / "busy" / "summary.md").read_text()
     assert "the machine was busy" in busy and "load average (1 min): 1.4 to 1.4 when the sweep(s) started" in busy
+
+
+def test_a_sweeps_own_last_minute_is_not_other_work(tmp_path: Path) -> None:
+    """cifar_cpu's seed stage started at a load average of 1.02, its own rate grid's trainings of the minute
+    before, with 0.0 cores busy with other work: the summary called the machine busy. Sampled cores decide."""
+    from experiments.report.build import build_report
+    from experiments.sweep.runs_file import append_row
+
+    for busy, folder in ((0.0, "own"), (1.2, "other")):
+        for img in (16, 32):
+            append_row(tmp_path / folder / "runs.csv", {
+                "mixer": "linear", "preset": "micro", "overrides": "{}", "img_size": img, "patch_size": 8,
+                "batch_size": 1, "device": "cpu", "dtype": "float32", "epochs": 0, "seed": 0, "train": "{}",
+                "tokens": (img // 8) ** 2, "status": "ok", "params": 10, "gmacs": 0.001 * img, "latency_ms": 0.1 * img,
+                "peak_mem_mb": 1.0, "cpu_threads": 1, "load_start": 1.02, "load_end": 2.0, "busy_start": busy})
+        build_report(tmp_path / folder)
+    own = (tmp_path / "own" / "summary.md").read_text()
+    assert "the machine was busy" not in own and "(sampled over 1 s): 0 to 0" in own
+    assert "other work held 1.2 cores" in (tmp_path / "other" / "summary.md").read_text()
 
 
 def test_a_users_limit_is_the_limit() -> None:

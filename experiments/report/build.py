@@ -496,19 +496,28 @@ def _provenance_lines(runs: pd.DataFrame) -> list[str]:
 
 # A 1-minute load average at a sweep's start from this much up means other work held about a core.
 BUSY_LOAD = 0.75
+# Cores other processes kept busy at a sweep's start (sampled, `busy_start`) from this much up: a process at work.
+BUSY_CORES = 0.5
 
 
 def _load_lines(runs: pd.DataFrame) -> list[str]:
-    """The machine's load while the points ran, and a warning when other work made it busy."""
+    """The machine's load while the points ran, and a warning when other work made it busy: judged by the cores
+    sampled busy at each sweep's start where the rows hold them, else by the load average, which still holds the
+    minute before (a sweep's previous stage reads as other work there)."""
     start, end = runs["load_start"].dropna(), runs["load_end"].dropna()
     if start.empty:
         return []
     lines = [f"- load average (1 min): {start.min():g} to {start.max():g} when the sweep(s) started, "
              f"{end.min():g} to {end.max():g} when points ended (own threads included)"]
-    if start.max() >= BUSY_LOAD:
-        lines.append(f"- **the machine was busy**: other work held a load of up to {start.max():g} when a sweep "
-                     "started; CPU threads were chosen from the free cores (cpu_threads above), and latencies are "
-                     "slower and noisier than on a quiet machine: compare mixers within one sweep, as ratios")
+    sampled = pd.to_numeric(runs["busy_start"], errors="coerce").dropna() if "busy_start" in runs else start[:0]
+    if not sampled.empty:
+        lines.append(f"- cores busy with other work when the sweep(s) started (sampled over 1 s): "
+                     f"{sampled.min():g} to {sampled.max():g}")
+    if sampled.max() >= BUSY_CORES if not sampled.empty else start.max() >= BUSY_LOAD:
+        held = f"{sampled.max():g} cores" if not sampled.empty else f"a load of up to {start.max():g}"
+        lines.append(f"- **the machine was busy**: other work held {held} when a sweep started; CPU threads were "
+                     "chosen from the free cores (cpu_threads above), and latencies are slower and noisier than on "
+                     "a quiet machine: compare mixers within one sweep, as ratios")
     return lines
 
 

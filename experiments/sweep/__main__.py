@@ -291,9 +291,9 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     runs_path = config.out_dir / "runs.csv"
     done = latest_by_key(read_rows(runs_path))
     todo = pending_points(points, done, retry_failed)
-    load_start, machine_note = load_average(), ""
+    load_start, busy_start, machine_note = load_average(), math.nan, ""
     if slurm_partition is None:  # points run on this machine: fit them to what it has free now
-        todo, load_start, machine_note = _fit_to_machine(todo)
+        todo, load_start, busy_start, machine_note = _fit_to_machine(todo)
     else:
         todo = with_limits_given(todo)
     wall = MemoryWall()
@@ -340,7 +340,8 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
             row["error"] = f"train step not attempted: out of memory at {wall.train_step_skipped(point)} tokens"
         if row.get("cpu_threads") in (None, "") and point.num_threads:  # a point that never reported
             row["cpu_threads"] = point.num_threads
-        row = {**row, **key_columns(point), "load_start": load_start, "load_end": load_average()}
+        row = {**row, **key_columns(point), "load_start": load_start, "load_end": load_average(),
+               "busy_start": "" if math.isnan(busy_start) else round(busy_start, 2)}
         append_row(runs_path, row)
         wall.add(row)
         bar.write(summary_line(point, row))
@@ -357,21 +358,22 @@ def run_sweep(config: SweepConfig, points: list[Point], *, retry_failed: bool = 
     return runs_path
 
 
-def _fit_to_machine(todo: list[Point]) -> tuple[list[Point], float, str]:
+def _fit_to_machine(todo: list[Point]) -> tuple[list[Point], float, float, str]:
     """Threads from the cores free now and time limits from a calibrated rate (experiments/sweep/machine.py):
-    (the points adjusted, the load average at the start, a note for the first progress line)."""
+    (the points adjusted, the load average at the start, the cores other work kept busy then, a note for the
+    first progress line)."""
     from ..measure.run import describe_without_running
 
     load_start = load_average()
     if not todo:
-        return todo, load_start, ""
+        return todo, load_start, math.nan, ""
     cpus, busy = usable_cpus(), busy_cores()
     threads = choose_threads(cpus, busy)
     rate = matmul_rate(threads)
     macs = {p.key: describe_without_running(p).get("macs_analytic") for p in todo}
     note = (f"; {cpus} cpus, {busy:.1f} busy with other work (load average {load_start:g}): "
             f"{thread_note(todo, threads)}")
-    return fit_to_machine(todo, threads, rate, macs), load_start, note
+    return fit_to_machine(todo, threads, rate, macs), load_start, busy, note
 
 
 def thread_note(points: list[Point], threads: int) -> str:
