@@ -122,40 +122,35 @@ def test_killed_point_leaves_no_workers_and_no_warnings(tmp_path: Path) -> None:
     assert not alive, f"pool workers outlived their point: {alive}"
 
 
-def test_summary_says_when_the_machine_was_busy(tmp_path: Path) -> None:
+def _summary_of_two_cost_rows(folder: Path, **load: float) -> str:
+    """The report's summary.md of a sweep of two cost rows whose load columns are `load`."""
     from experiments.report.build import build_report
     from experiments.sweep.runs_file import append_row
 
-    for load, folder in ((0.1, "quiet"), (1.4, "busy")):
-        for img in (16, 32):
-            append_row(tmp_path / folder / "runs.csv", {
-                "mixer": "linear", "preset": "micro", "overrides": "{}", "img_size": img, "patch_size": 8,
-                "batch_size": 1, "device": "cpu", "dtype": "float32", "epochs": 0, "seed": 0, "train": "{}",
-                "tokens": (img // 8) ** 2, "status": "ok", "params": 10, "gmacs": 0.001 * img, "latency_ms": 0.1 * img,
-                "peak_mem_mb": 1.0, "cpu_threads": 1, "load_start": load, "load_end": load + 1})
-        build_report(tmp_path / folder)
-    assert "the machine was busy" not in (tmp_path / "quiet" / "summary.md").read_text()
-    busy = (tmp_path / "busy" / "summary.md").read_text()
+    for img in (16, 32):
+        append_row(folder / "runs.csv", {
+            "mixer": "linear", "preset": "micro", "overrides": "{}", "img_size": img, "patch_size": 8,
+            "batch_size": 1, "device": "cpu", "dtype": "float32", "epochs": 0, "seed": 0, "train": "{}",
+            "tokens": (img // 8) ** 2, "status": "ok", "params": 10, "gmacs": 0.001 * img, "latency_ms": 0.1 * img,
+            "peak_mem_mb": 1.0, "cpu_threads": 1, **load})
+    build_report(folder)
+    return (folder / "summary.md").read_text()
+
+
+def test_summary_says_when_the_machine_was_busy(tmp_path: Path) -> None:
+    quiet = _summary_of_two_cost_rows(tmp_path / "quiet", load_start=0.1, load_end=1.1)
+    assert "the machine was busy" not in quiet
+    busy = _summary_of_two_cost_rows(tmp_path / "busy", load_start=1.4, load_end=2.4)
     assert "the machine was busy" in busy and "load average (1 min): 1.4 to 1.4 when the sweep(s) started" in busy
 
 
 def test_a_sweeps_own_last_minute_is_not_other_work(tmp_path: Path) -> None:
     """cifar_cpu's seed stage started at a load average of 1.02, its own rate grid's trainings of the minute
     before, with 0.0 cores busy with other work: the summary called the machine busy. Sampled cores decide."""
-    from experiments.report.build import build_report
-    from experiments.sweep.runs_file import append_row
-
-    for busy, folder in ((0.0, "own"), (1.2, "other")):
-        for img in (16, 32):
-            append_row(tmp_path / folder / "runs.csv", {
-                "mixer": "linear", "preset": "micro", "overrides": "{}", "img_size": img, "patch_size": 8,
-                "batch_size": 1, "device": "cpu", "dtype": "float32", "epochs": 0, "seed": 0, "train": "{}",
-                "tokens": (img // 8) ** 2, "status": "ok", "params": 10, "gmacs": 0.001 * img, "latency_ms": 0.1 * img,
-                "peak_mem_mb": 1.0, "cpu_threads": 1, "load_start": 1.02, "load_end": 2.0, "busy_start": busy})
-        build_report(tmp_path / folder)
-    own = (tmp_path / "own" / "summary.md").read_text()
+    own = _summary_of_two_cost_rows(tmp_path / "own", load_start=1.02, load_end=2.0, busy_start=0.0)
     assert "the machine was busy" not in own and "(sampled over 1 s): 0 to 0" in own
-    assert "other work held 1.2 cores" in (tmp_path / "other" / "summary.md").read_text()
+    other = _summary_of_two_cost_rows(tmp_path / "other", load_start=1.02, load_end=2.0, busy_start=1.2)
+    assert "other work held 1.2 cores" in other
 
 
 def test_a_users_limit_is_the_limit() -> None:
