@@ -56,7 +56,7 @@ def test_on_a_config_grid_flags_go_to_every_run_and_training_flags_to_the_runs_t
     assert (cost.img_sizes, cost.epochs) == ((64,), 0)  # still a cost run: --epochs is for the runs that train
     assert (accuracy.img_sizes, accuracy.epochs, accuracy.seeds) == ((64,), 2, (0, 1, 2))
     assert len([p for p in points if p.epochs == 0]) == 5 * 2  # five mixers, patch 4 and 8
-    assert len([p for p in points if p.epochs == 2]) == 5 * 3  # four mixers (no attention_naive) and identity, three seeds
+    assert len([p for p in points if p.epochs == 2]) == 5 * 3  # four mixers and identity, three seeds
 
 
 def test_training_flags_train_every_run_of_a_config_where_nothing_trains(tmp_path: Path) -> None:

@@ -509,12 +509,14 @@ def _load_lines(runs: pd.DataFrame) -> list[str]:
         return []
     lines = [f"- load average (1 min): {start.min():g} to {start.max():g} when the sweep(s) started, "
              f"{end.min():g} to {end.max():g} when points ended (own threads included)"]
-    sampled = pd.to_numeric(runs["busy_start"], errors="coerce").dropna() if "busy_start" in runs else start[:0]
-    if not sampled.empty:
+    sampled = pd.to_numeric(runs["busy_start"], errors="coerce").dropna() if "busy_start" in runs else None
+    if sampled is not None and not sampled.empty:
         lines.append(f"- cores busy with other work when the sweep(s) started (sampled over 1 s): "
                      f"{sampled.min():g} to {sampled.max():g}")
-    if sampled.max() >= BUSY_CORES if not sampled.empty else start.max() >= BUSY_LOAD:
-        held = f"{sampled.max():g} cores" if not sampled.empty else f"a load of up to {start.max():g}"
+        busy, held = sampled.max() >= BUSY_CORES, f"{sampled.max():g} cores"
+    else:
+        busy, held = start.max() >= BUSY_LOAD, f"a load of up to {start.max():g}"
+    if busy:
         lines.append(f"- **the machine was busy**: other work held {held} when a sweep started; CPU threads were "
                      "chosen from the free cores (cpu_threads above), and latencies are slower and noisier than on "
                      "a quiet machine: compare mixers within one sweep, as ratios")

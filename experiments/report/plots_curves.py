@@ -4,8 +4,9 @@ for reach, one panel per (direction, distance) bucket.
 
 Under the convergence rule a seed that stopped early is held at its last accuracy to the end of the line (the rule
 stopped it on a plateau, so that is what more samples would have given it), and the line's end marker is hollow
-where a seed ended at the maximum budget unconverged (`convergence.UNCONVERGED_MARK`). The x axis is logarithmic where its values span a decade or more (the
-evaluation before the first step, at 0, then sits off the axis and is left out).
+where a seed ended at the maximum budget unconverged (`convergence.UNCONVERGED_MARK`). The x axis is logarithmic
+where its values span a decade or more (the evaluation before the first step, at 0, then sits off the axis and is
+left out).
 """
 from __future__ import annotations
 

@@ -62,31 +62,32 @@ def name_variants(buckets: pd.DataFrame) -> pd.DataFrame:
     of options keeps its plain name."""
     if buckets.empty:
         return buckets
-    options = buckets["overrides"].map(_mixer_options)
+    options = buckets["overrides"].map(lambda overrides: _parsed(overrides).get("mixer_options") or {})
     # Per task, not per setting: each variant may have trained at a rate of its own (`train` differs).
     keys = [*task_of(_setting(buckets)), "mixer"]
-    several = buckets.assign(_options=options).groupby(keys, dropna=False)["_options"].transform("nunique") > 1
+    several = buckets.assign(_options=options.map(_canonical)).groupby(keys, dropna=False)["_options"] \
+        .transform("nunique") > 1
     named = [f"{mixer} ({', '.join(f'{k} {v}' for k, v in sorted(opts.items())) or 'default'})" if many else mixer
-             for mixer, opts, many in zip(buckets["mixer"], options.map(json.loads), several)]
+             for mixer, opts, many in zip(buckets["mixer"], options, several)]
     return buckets.assign(mixer=named)
-
-
-def _mixer_options(overrides: object) -> str:
-    """A row's `mixer_options` as canonical JSON ("{}" for none)."""
-    text = str(overrides).strip()
-    values = json.loads(text) if text.startswith("{") else {}
-    return json.dumps(values.get("mixer_options") or {}, sort_keys=True, separators=(",", ":"))
 
 
 def backbone_overrides(overrides: object) -> str:
     """A row's overrides less its `mixer_options`, as canonical JSON: what every mixer of a setting shares (the
     head's pooling, the depth), where `mixer_options` is each mixer's own (a parameter-matched mamba)."""
+    return _canonical({k: v for k, v in _parsed(overrides).items() if k != "mixer_options"})
+
+
+def _parsed(overrides: object) -> dict:
+    """A row's `overrides` JSON as a dict ({} for none)."""
     text = str(overrides).strip()
-    values = json.loads(text) if text.startswith("{") else {}
-    # measure.point.canonical_json's spelling, written here: importing experiments.measure pulls torch into the
-    # report, which must rebuild without it (tests/test_report.py).
-    shared = {k: v for k, v in values.items() if k != "mixer_options"}
-    return json.dumps(shared, sort_keys=True, separators=(",", ":"))
+    return json.loads(text) if text.startswith("{") else {}
+
+
+def _canonical(values: dict) -> str:
+    """measure.point.canonical_json's spelling, written here: importing experiments.measure pulls torch into the
+    report, which must rebuild without it (tests/test_report.py)."""
+    return json.dumps(values, sort_keys=True, separators=(",", ":"))
 
 
 def _group_keys(buckets: pd.DataFrame) -> list[str]:
