@@ -1,6 +1,8 @@
 """Reach generator: geometry, determinism, balance, the dataset entry, and no single-patch cue."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -52,6 +54,27 @@ def test_geometry_and_balance() -> None:
         inside = patches[np.arange(600), data.marks[:, k, 0], data.marks[:, k, 1]]
         assert ((inside == reach.MARK_VALUE).sum((1, 2)) == 5).all()
     assert ((data.images == reach.MARK_VALUE).sum((1, 2)) == 10).all()
+
+
+def test_stamps_fixed_in_their_patch_unless_jitter() -> None:
+    """Off (the default), a mark is the same pixel pattern wherever it lies, so the patch embedding tells shapes apart
+    linearly; with jitter the stamp moves inside its patch and the rest of the image stays as it was."""
+    fixed = reach.ReachParams(32, 4, (1, 2))
+    moved = dataclasses.replace(fixed, jitter=True)
+    a, b = reach.generate_reach(fixed, 400, seed=5), reach.generate_reach(moved, 400, seed=5)
+    for name in ("labels", "buckets", "marks", "shapes"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+    def mark_patches(data: reach.ReachSet) -> np.ndarray:
+        cells = data.images.reshape(400, 8, 4, 8, 4).transpose(0, 1, 3, 2, 4)
+        return np.stack([cells[np.arange(400), data.marks[:, k, 0], data.marks[:, k, 1]] for k in range(2)], 1)
+
+    inside = (fixed.patch_size - reach.MARK_SIZE) // 2
+    stamped = mark_patches(a)[..., inside:inside + reach.MARK_SIZE, inside:inside + reach.MARK_SIZE]
+    np.testing.assert_array_equal(stamped == reach.MARK_VALUE, reach.SHAPES[a.shapes])
+    assert not np.array_equal(mark_patches(a), mark_patches(b))  # with jitter the stamp moves
+    with pytest.raises(ValueError, match="jitter"):
+        reach.ReachParams(32, 4, (1,), jitter=1)
 
 
 def test_deterministic_and_validated() -> None:

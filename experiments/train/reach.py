@@ -14,6 +14,15 @@ bucket (direction, distance) and the placement are drawn independently of the la
 within each bucket. Only the pair of shapes decides. `tests/test_reach.py` checks that no statistic of any
 single patch (and no bucket) predicts the label better than chance.
 
+Why a stamp sits at one fixed place in its patch (`ReachParams.jitter`, off). Until 2026-11-26 each stamp sat at
+a random offset inside its patch. Telling a shape at any offset from another is then a nonlinear feature of one
+patch that no single patch rewards (each mark's shape is uniform in both classes), so that feature and the relation
+between the marks had to be learnt together, from nothing. The global mixers (attention, gla, linear attention)
+escaped that plateau; swin's windows, the neighbourhood and the scans stayed at chance even at distance 1 with 8
+times the default's budget (results/reach_long, made with jitter). With the stamp fixed, the patch embedding tells
+the shapes apart linearly and the task asks only for the relation across the distance: every mixer learns it at
+16 px while identity stays at chance (results/default_lr). Jitter stays an option, for that earlier task.
+
 Why this design. Global attention sees both marks in one layer whatever the distance, so at short distance it
 should learn the task in a few CPU minutes; mixers whose reach is local (windows), or runs along a scan order
 (a horizontal neighbour is 1 step away in Vim's row-major scan, a vertical one ``grid`` steps), must carry the
@@ -66,6 +75,8 @@ class ReachParams:
         num_shapes: shapes in play (2 to 4); with 2 the label is the XOR of two bits.
         num_distractors: dimmer random patterns (same ink as a mark, never a mark shape) in other patches.
         noise: background pixels are uniform in [0, noise].
+        jitter: each stamp at a random offset inside its patch (the task of results made before 2026-11-26);
+            False: centred in its patch (up to a pixel), the same place in every patch.
     """
 
     img_size: int
@@ -75,6 +86,7 @@ class ReachParams:
     num_shapes: int = 2
     num_distractors: int = 4
     noise: int = 40
+    jitter: bool = False
 
     def __post_init__(self) -> None:
         if self.patch_size < MARK_SIZE or self.img_size % self.patch_size:
@@ -91,6 +103,8 @@ class ReachParams:
             raise ValueError(f"reach num_shapes must be in [2, {len(SHAPES)}], got {self.num_shapes}")
         if not 0 <= self.num_distractors <= grid * grid - 2:
             raise ValueError(f"reach num_distractors must be in [0, {grid * grid - 2}], got {self.num_distractors}")
+        if not isinstance(self.jitter, bool):
+            raise ValueError(f"reach jitter must be True or False, got {self.jitter!r}")
         if not 0 <= self.noise < DISTRACTOR_VALUE:
             raise ValueError(f"reach noise must be in [0, {DISTRACTOR_VALUE}), got {self.noise}")
 
@@ -199,8 +213,10 @@ def generate_reach(params: ReachParams, n: int, *, seed: int = 0) -> ReachSet:
     patches = np.concatenate([marks, distractor_patch], 1)  # (n, 2 + k, 2)
     stamp_shape = np.concatenate([shapes.astype(np.int64), distractor_shape], 1)  # (n, 2 + k)
     value = np.array([MARK_VALUE, MARK_VALUE] + [DISTRACTOR_VALUE] * params.num_distractors, np.uint8)
-    # Each stamp sits at a random offset inside its patch, so a shape is not tied to one pixel position.
-    corner = patches * p + rng.integers(0, p - MARK_SIZE + 1, patches.shape)  # (n, 2 + k, 2) px (row, col)
+    # Drawn either way, so the rest of the image (noise, distractor shapes) is the same with and without jitter.
+    jitter = rng.integers(0, p - MARK_SIZE + 1, patches.shape)
+    inside = jitter if params.jitter else (p - MARK_SIZE) // 2
+    corner = patches * p + inside  # (n, 2 + k, 2) px (row, col) of each stamp's top-left pixel
     dy, dx = np.nonzero(np.ones((MARK_SIZE, MARK_SIZE), bool))
     on = table[stamp_shape]  # (n, 2 + k, 9) which of the 3x3 pixels are ink
     rows = corner[..., 0, None] + dy  # (n, 2 + k, 9)
