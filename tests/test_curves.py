@@ -138,6 +138,12 @@ def test_rule_as_a_function_of_the_history() -> None:
     assert not plateau_seen(samples, collapsed, patience_samples=300, min_delta=0.03, chance=0.5)
     blip = [0.505, 0.5575, 0.495, 0.505, 0.5, 0.505]  # one noisy evaluation above chance, then chance again
     assert not plateau_seen(samples, blip, patience_samples=300, min_delta=0.03, chance=0.5)
+    # A blip, then a long stretch at chance, then the rise: patience counts from the rise, not from the blip.
+    late = [0.42, 0.555, 0.5, 0.51, 0.5, 0.58]
+    assert not plateau_seen(samples, late, patience_samples=300, min_delta=0.03, chance=0.5)
+    risen = [0.42, 0.555, 0.5, 0.6, 0.6, 0.6]
+    assert not plateau_seen(samples, risen, patience_samples=300, min_delta=0.03, chance=0.5)
+    assert plateau_seen(samples, risen, patience_samples=200, min_delta=0.03, chance=0.5)
     climbing = [0.5, 0.52, 0.54, 0.56, 0.58, 0.60]
     assert not plateau_seen(samples, climbing, patience_samples=100, min_delta=0.01)
     # Slow gains that add up count once they pass min_delta over the best so far.
