@@ -41,7 +41,7 @@ def plateau_seen(samples: Sequence[int], accuracies: Sequence[float], *, patienc
     an improvement of `min_delta`. A noisy blip above chance early on (a 400-image split's accuracy has a standard
     error of 2.5 points at 50%) is not learning, nor is collapsing onto the majority class from a below-chance
     start; and the patience counts from the rise off chance, not from such a blip, which would otherwise stop a
-    training as its accuracy takes off (reach's mamba at 7e-4 was stopped at 61% that way)."""
+    training just as its accuracy takes off after a long flat stretch."""
     at = last_improvement(samples, accuracies, min_delta)
     off_chance = len(accuracies)  # the first evaluation of the last stretch at or above chance + min_delta
     while off_chance and accuracies[off_chance - 1] >= chance + min_delta:
