@@ -284,6 +284,45 @@ def test_cpp_loop_decays_underflow_to_zero() -> None:
 
 
 @needs_cpp
+def test_cpp_loop_fused_softplus_and_gate_match_torch_over_their_range() -> None:
+    """The forward kernel's own softplus (after the bias) and silu gate agree, element by element, with torch's on
+    every range a model can hand them: delta + bias from -90 to 90 (past the threshold at 20 and past exp's
+    underflow at -87, where both give 0 or a subnormal), z from -200 to 200. One step per channel from h = 0 with
+    u = B = C = 1 makes y = softplus(delta + bias); B = C = 0 with D = 1 makes y = u silu(z)."""
+    count = 2001
+    pre = torch.linspace(-90, 90, count).reshape(1, count, 1)  # (B, D, L): a channel per value, one step each
+    softplus_inputs = dict(
+        u=torch.ones(1, count, 1), delta=pre - 0.25, A=-torch.ones(count, 1), B=torch.ones(1, 1, 1),
+        C=torch.ones(1, 1, 1), delta_bias=torch.full((count,), 0.25), delta_softplus=True,
+    )
+    y, _ = selective_scan(**softplus_inputs, impl="cpp_loop")
+    tiny = torch.finfo(torch.float32).tiny
+    summed = (softplus_inputs["delta"] + 0.25).double()  # the float32 sum the kernel forms, exactly
+    torch.testing.assert_close(y.double(), torch.nn.functional.softplus(summed), rtol=2e-6, atol=tiny)
+
+    z = torch.linspace(-200, 200, count).reshape(1, 1, count)
+    gate_inputs = dict(
+        u=torch.full((1, 1, count), 3.0), delta=torch.zeros(1, 1, count), A=-torch.ones(1, 1),
+        B=torch.zeros(1, 1, count), C=torch.zeros(1, 1, count), D=torch.ones(1), z=z,
+    )
+    y, _ = selective_scan(**gate_inputs, impl="cpp_loop")
+    # Below z = -87.3 the kernel's exp flushes to 0 where float64 goes on: |y| < 3 x 200 x tiny there.
+    torch.testing.assert_close(y.double(), 3 * torch.nn.functional.silu(z.double()), rtol=2e-6, atol=600 * tiny)
+
+
+@needs_cpp
+def test_cpp_loop_reads_a_strided_gate_in_place() -> None:
+    """z as Mamba hands it (a channel-major view of a time-major tensor, with the batch stride of twice the
+    channels) gives exactly what its contiguous copy gives."""
+    inputs = make_inputs(batch=2, channels=20, length=37, d_state=4)
+    xz = torch.randn(2, 37, 40)  # (B, L, 2 D), as in_proj gives
+    inputs["z"] = xz[..., 20:].transpose(1, 2)  # (B, D, L), strides (40 L, 1, 40)
+    strided, _ = selective_scan(**inputs, impl="cpp_loop")
+    copied, _ = selective_scan(**{**inputs, "z": inputs["z"].contiguous()}, impl="cpp_loop")
+    assert torch.equal(strided, copied)
+
+
+@needs_cpp
 def test_cpp_loop_opcheck() -> None:
     inputs = make_inputs(length=7, d_state=3)
     args = tuple(inputs.values())
@@ -303,6 +342,38 @@ def test_auto_falls_back_to_torch_stream_without_a_compiler(monkeypatch: pytest.
     assert name == "torch_stream"
     with pytest.raises(RuntimeError, match="no compiler"):
         resolve_scan_impl("cpp_loop", cpu)
+
+
+@needs_cpp
+def test_cpp_loop_builds_without_openmp_where_openmp_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler without OpenMP gets the std::thread build, which computes what the OpenMP build does (forward
+    bit for bit; gradients up to the order in which threads' partial sums of dA, dB, dC meet)."""
+    inputs = make_inputs(batch=2, channels=40, length=150, d_state=5)
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    dy = torch.randn_like(inputs["u"])
+
+    def run_both_ways() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        leaves = {k: inputs[k].clone().requires_grad_() for k in names}
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            y, _ = selective_scan(**{**inputs, **leaves}, impl="cpp_loop")
+            return y, torch.autograd.grad(y, list(leaves.values()), dy)
+        finally:
+            torch.set_num_threads(before)
+
+    y_omp, grads_omp = run_both_ways()
+    broken = (("omp", ["-fopenmp", "-fno-such-flag-mixerbench"]), cpp_scan._THREADING[1])
+    monkeypatch.setattr(cpp_scan, "_THREADING", broken)
+    cpp_scan._library.cache_clear()
+    try:
+        assert "_threads" in str(cpp_scan._library()._name)
+        y_threads, grads_threads = run_both_ways()
+    finally:
+        cpp_scan._library.cache_clear()  # later tests load the default build again
+    assert torch.equal(y_omp, y_threads)
+    for name, g_omp, g_threads in zip(names, grads_omp, grads_threads):
+        torch.testing.assert_close(g_threads, g_omp, rtol=1e-5, atol=1e-6, msg=f"d/d{name} differs")
 
 
 @pytest.mark.parametrize("mixer_name", ["mamba", "vmamba"])

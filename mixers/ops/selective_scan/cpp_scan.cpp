@@ -1,17 +1,22 @@
 // The selective scan's recurrence as a compiled CPU loop (impl `cpp_loop`), forward and backward.
 //
 // Plain C++ on raw pointers, no torch headers: it builds in about a second with any C++17 compiler, and
-// cpp_scan.py calls it through ctypes. Threads are std::threads, sized by the caller from torch's own count,
-// so no second OpenMP runtime spins beside torch's.
+// cpp_scan.py calls it through ctypes. Threads are sized by the caller from torch's own count and are torch's
+// OpenMP pool where the build has OpenMP (see parallel_items).
 //
-// Layouts (row-major, contiguous): u, delta, y, dy, du, ddelta (Bt, D, L) as the model has them (no transposes:
-// a block reads its 16 channels at step t from 16 cache lines that the next steps reuse); A (D, N); Bm, Cm
+// Layouts (row-major, contiguous): u, delta, y, dy, du, ddelta (Bt, D, L) as the model has them, staged a tile of
+// steps at a time into small step-major windows (see Block); A (D, N); Bm, Cm
 // (Bt, G, L, N), B and C transposed by the caller so a step reads N adjacent values (G = 1 for one B, C per
-// sequence). delta is the effective step (bias and softplus applied by the caller); y is sum_n C_t[n] h_t[n] only
-// (the caller adds D u and the z gate).
+// sequence); z (Bt, D, L) at any strides (Mamba's z is a view of the in_proj output, time-major: a copy to
+// channel-major took as long as the scan), delta_bias and Dskip (D,); each optional (null).
+//
+// The forward applies delta's bias and softplus as it loads a step and the D skip and the z gate as it stores one,
+// so the element-wise work around the scan costs no passes over memory of its own (in PyTorch they took about as
+// long as the recurrence at 1,024 tokens): y = (sum_n C_t[n] h_t[n] + D u_t) silu(z_t). The backward
+// differentiates them the same way, step by step beside the scan's own gradients.
 //
 // Work is split over (sequence b, block of 16 channels); every inner loop runs over the block's channels, so it
-// vectorises for any N (vmamba's N = 1 included) and reads each step's inputs contiguously. The float exp is a
+// vectorises for any N (vmamba's N = 1 included) and reads each step's inputs from one window row. The float exp is a
 // polynomial (Cephes' expf, ~1 ulp) written so the compiler vectorises it without -ffast-math; double uses
 // std::exp (the float64 path exists for tight tests).
 #include <atomic>
@@ -20,6 +25,9 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace {
 
@@ -51,9 +59,58 @@ __attribute__((always_inline)) inline float exp_lane(float x) {
 
 inline double exp_lane(double x) { return std::exp(x); }
 
+__attribute__((always_inline)) inline float log1p_lane(float v) {
+  // log(1 + v) for v in [0, 1] (softplus's use): Cephes' logf polynomial on w = 1 + v in [1, 2], with Goldberg's
+  // correction log1p(v) = log(w) v / (w - 1), so a tiny v keeps its relative accuracy (w - 1 is exact).
+  const float w = 1.0f + v;
+  const bool high = w > 1.41421356f;
+  const float e = high ? 1.0f : 0.0f;
+  const float x = high ? w * 0.5f - 1.0f : w - 1.0f;
+  const float z = x * x;
+  float y = 7.0376836292e-2f;
+  y = y * x - 1.1514610310e-1f;
+  y = y * x + 1.1676998740e-1f;
+  y = y * x - 1.2420140846e-1f;
+  y = y * x + 1.4249322787e-1f;
+  y = y * x - 1.6668057665e-1f;
+  y = y * x + 2.0000714765e-1f;
+  y = y * x - 2.4999993993e-1f;
+  y = y * x + 3.3333331174e-1f;
+  y = y * x * z;
+  y = y + e * -2.12194440e-4f - 0.5f * z;
+  const float logw = x + y + e * 0.693359375f;
+  const float wm1 = w - 1.0f;
+  return wm1 == 0.0f ? v : logw * (v / wm1);
+}
+
+inline double log1p_lane(double v) { return std::log1p(v); }
+
+// torch's softplus (beta 1, threshold 20): x above 20, else log(1 + e^x), as max(x, 0) + log1p(e^-|x|) so nothing
+// overflows.
+template <class T>
+__attribute__((always_inline)) inline T softplus_lane(T x) {
+  const T ax = x < T(0) ? -x : x;
+  const T out = (x > T(0) ? x : T(0)) + log1p_lane(exp_lane(-ax));
+  return x > T(20) ? x : out;
+}
+
+// sigmoid(x) from e = exp(-|x|) <= 1, so nothing overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below.
+template <class T>
+__attribute__((always_inline)) inline T sigmoid_lane(T x) {
+  const T e = exp_lane(x < T(0) ? x : -x);
+  return (x < T(0) ? e : T(1)) / (T(1) + e);
+}
+
+// x sigmoid(x), the z gate.
+template <class T>
+__attribute__((always_inline)) inline T silu_lane(T x) {
+  return x * sigmoid_lane(x);
+}
+
 // Channels per work item: the lanes of every vector loop, so any N (vmamba's 1 included) fills whole vectors.
 constexpr int64_t kBlock = 16;
-// Time steps whose states the backward recomputes and holds at once (a (kChunk, N, kBlock) buffer).
+// Time steps per tile: staged at once (a (kChunk, kBlock) window per tensor), and the steps whose states the
+// backward recomputes and holds at once (a (kChunk, N, kBlock) buffer).
 constexpr int64_t kChunk = 64;
 
 // groups: B and C are (Bt, G, L, N) and channel d reads group d / (D / G) (mamba-ssm's "variable B" groups; vmamba
@@ -65,8 +122,13 @@ struct Shape {
   int64_t blocks() const { return groups * blocks_per_group(); }
 };
 
-// Calls fn(item, thread) for items 0..count-1 on `threads` threads. Items are taken from a shared counter, not
-// dealt out in advance: on a busy machine a thread that is not scheduled leaves its share to the others.
+// Calls fn(item, thread) for items 0..count-1 on `threads` threads, items taken one at a time as threads come free
+// (on a busy machine a thread that is not scheduled leaves its share to the others).
+//
+// Built with OpenMP, the threads are the OpenMP runtime's. The library then needs libgomp.so.1, and where torch
+// has loaded its own libgomp.so.1 (Linux wheels) the loader hands it that one: the kernel runs on torch's own
+// thread pool. Threads of a second pool (std::thread, the fallback) had to share 2 cores with torch's OpenMP
+// workers, which spin a while after each parallel op: the scan took twice as long inside a model as alone.
 template <class Fn>
 void parallel_items(int64_t count, int threads, Fn fn) {
   if (threads <= 1 || count <= 1) {
@@ -74,6 +136,10 @@ void parallel_items(int64_t count, int threads, Fn fn) {
     return;
   }
   int used = static_cast<int>(threads < count ? threads : count);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(used) schedule(dynamic, 1)
+  for (int64_t i = 0; i < count; ++i) fn(i, omp_get_thread_num());
+#else
   std::atomic<int64_t> next{0};
   auto work = [&](int tid) {
     for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) fn(i, tid);
@@ -83,6 +149,7 @@ void parallel_items(int64_t count, int threads, Fn fn) {
   for (int t = 1; t < used; ++t) pool.emplace_back(work, t);
   work(0);
   for (auto& th : pool) th.join();
+#endif
 }
 
 // One state n over a block's channels: h <- exp(dt A_n) h + du b_n, the decays kept (KeepDecay), y += c_n h
@@ -100,8 +167,26 @@ inline void update_lanes(const T* __restrict dt, const T* __restrict An, const T
   }
 }
 
+// A tile of the sequence: kChunk steps, taken in the order the scan runs (from the end when reversed). Steps
+// [t0, t1); the k-th step run in it is t0 + at(k).
+struct Tile {
+  int64_t t0, t1;
+  bool reverse;
+  Tile(int64_t index, int64_t length, bool rev) : reverse(rev) {
+    const int64_t k0 = index * kChunk, k1 = k0 + kChunk < length ? k0 + kChunk : length;
+    t0 = rev ? length - k1 : k0;
+    t1 = rev ? length - k0 : k1;
+  }
+  int64_t size() const { return t1 - t0; }
+  int64_t at(int64_t k) const { return reverse ? size() - 1 - k : k; }
+};
+
 // One work item: sequence b, channels d0 .. d0 + nd - 1 (nd <= kBlock; lanes past nd hold zeros and are never
-// written back). Inputs are time-major so a step reads the block's channels contiguously.
+// written back).
+//
+// The (Bt, D, L) tensors are staged a tile at a time in step-major windows (kChunk, kBlock), so a step reads its
+// channels from one cache line. Read in place, a step's 16 channels are 16 lines L elements apart; at L = 1,024
+// floats they fall in one L1 set, which holds 8, and every step missed: the staged scan is about twice as fast.
 template <class T>
 struct Block {
   const Shape& s;
@@ -109,8 +194,14 @@ struct Block {
   T A[kBlock * 64];  // A transposed to (N, kBlock); N <= 64 here, larger N takes the heap copy below
   std::vector<T> A_heap;
   T* At;
+  T bias[kBlock] = {};  // delta's bias and the D skip of the block's channels, zero where not given or past nd
+  T skip[kBlock] = {};
+  T mask[kBlock] = {};  // 1 for the block's channels, 0 past nd
+  bool softplus = false;
 
-  Block(const Shape& shape, int64_t item, const T* A_in) : s(shape) {
+  Block(const Shape& shape, int64_t item, const T* A_in, const T* delta_bias = nullptr, const T* D_in = nullptr,
+        bool softplus_in = false)
+      : s(shape), softplus(softplus_in) {
     b = item / s.blocks();
     const int64_t in_batch = item % s.blocks(), gc = s.group_channels();
     g = in_batch / s.blocks_per_group();
@@ -122,19 +213,56 @@ struct Block {
     At = N > 64 ? A_heap.data() : A;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < kBlock; ++c) At[n * kBlock + c] = c < nd ? A_in[(d0 + c) * N + n] : T(0);
+    for (int64_t c = 0; c < nd; ++c) {
+      bias[c] = delta_bias ? delta_bias[d0 + c] : T(0);
+      skip[c] = D_in ? D_in[d0 + c] : T(0);
+      mask[c] = T(1);
+    }
   }
-  // Index of (b, d0 + c, t) in a (Bt, D, L) tensor is row(t) + c * s.length.
-  int64_t row(int64_t t) const { return (b * s.channels + d0) * s.length + t; }
   int64_t bc(int64_t t) const { return ((b * s.groups + g) * s.length + t) * s.d_state; }  // into (Bt, G, L, N)
 
-  // The block's dt and dt * u at step t, zero past nd.
-  void load(const T* u, const T* delta, int64_t t, T* dt, T* du) const {
-    const T* ur = u + row(t);
-    const T* dr = delta + row(t);
+  // The tile's steps of the block's channels of src, strides (batch, channel, time) in elements, into the window
+  // w (kChunk, kBlock); lanes past nd are 0. Contiguous (Bt, D, L) tensors pass strides = nullptr.
+  void gather(const T* src, const int64_t* strides, const Tile& tile, T* w) const {
     const int64_t L = s.length;
+    const int64_t sb = strides ? strides[0] : s.channels * L, sc = strides ? strides[1] : L,
+                  st = strides ? strides[2] : 1;
     for (int64_t c = 0; c < kBlock; ++c) {
-      dt[c] = c < nd ? dr[c * L] : T(0);
-      du[c] = c < nd ? dr[c * L] * ur[c * L] : T(0);
+      const T* r = src + b * sb + (d0 + c) * sc;
+      for (int64_t j = 0; j < tile.size(); ++j) w[j * kBlock + c] = c < nd ? r[(tile.t0 + j) * st] : T(0);
+    }
+  }
+  // The window w back to the tile's steps of the block's channels of a contiguous (Bt, D, L) dst.
+  void scatter(const T* w, const Tile& tile, T* dst) const {
+    const int64_t L = s.length;
+    for (int64_t c = 0; c < nd; ++c) {
+      T* r = dst + (b * s.channels + d0 + c) * L + tile.t0;
+      for (int64_t j = 0; j < tile.size(); ++j) r[j] = w[j * kBlock + c];
+    }
+  }
+
+  // The step's dt (Prologue: delta's bias and softplus applied here; the backward's delta is already effective)
+  // and dt * u, from the step's rows of the u and delta windows; zero past nd.
+  template <bool Prologue>
+  void load(const T* ur, const T* dr, T* dt, T* du) const {
+#pragma omp simd
+    for (int64_t c = 0; c < kBlock; ++c) {
+      T v = dr[c];
+      if constexpr (Prologue) {
+        const T pre = v + bias[c];
+        v = (softplus ? softplus_lane(pre) : pre) * mask[c];
+      }
+      dt[c] = v;
+      du[c] = v * ur[c];
+    }
+  }
+
+  // The step's output row: (core + D u) silu(z), z where given.
+  void store(const T* core, const T* ur, const T* zr, T* yr) const {
+#pragma omp simd
+    for (int64_t c = 0; c < kBlock; ++c) {
+      const T pre = core[c] + skip[c] * ur[c];
+      yr[c] = zr ? pre * silu_lane(zr[c]) : pre;
     }
   }
 
@@ -152,110 +280,146 @@ struct Block {
 };
 
 template <class T>
-void forward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, T* y, bool reverse,
-             int threads) {
-  const int64_t L = s.length;
+void forward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* delta_bias,
+             bool softplus, const T* D, const T* z, const int64_t* z_strides, T* y, bool reverse, int threads) {
+  const int64_t L = s.length, tiles = (L + kChunk - 1) / kChunk, W = kChunk * kBlock;
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int) {
-    Block<T> blk(s, item, A);
-    std::vector<T> h(s.d_state * kBlock, T(0));
-    T dt[kBlock], du[kBlock], yv[kBlock];
-    for (int64_t k = 0; k < L; ++k) {
-      const int64_t t = reverse ? L - 1 - k : k;
-      blk.load(u, delta, t, dt, du);
-      blk.template step<false, true>(dt, du, Bm + blk.bc(t), Cm + blk.bc(t), h.data(), nullptr, yv);
-      T* yr = y + blk.row(t);
-      for (int64_t c = 0; c < blk.nd; ++c) yr[c * L] = yv[c];
+    Block<T> blk(s, item, A, delta_bias, D, softplus);
+    std::vector<T> h(s.d_state * kBlock, T(0)), windows(4 * W);
+    T *uw = windows.data(), *dw = uw + W, *zw = dw + W, *yw = zw + W;
+    T dt[kBlock], du[kBlock], core[kBlock];
+    for (int64_t ti = 0; ti < tiles; ++ti) {
+      const Tile tile(ti, L, reverse);
+      blk.gather(u, nullptr, tile, uw);
+      blk.gather(delta, nullptr, tile, dw);
+      if (z) blk.gather(z, z_strides, tile, zw);
+      for (int64_t k = 0; k < tile.size(); ++k) {
+        const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
+        blk.template load<true>(uw + o, dw + o, dt, du);
+        blk.template step<false, true>(dt, du, Bm + blk.bc(t), Cm + blk.bc(t), h.data(), nullptr, core);
+        blk.store(core, uw + o, z ? zw + o : nullptr, yw + o);
+      }
+      blk.scatter(yw, tile, y);
     }
   });
 }
 
-// Gradients of y = sum_n C h with respect to delta (effective), u, A, B, C. With g_t = dL/dh_t:
-// g_t = C_t dy_t + a_{t+1} g_{t+1}; d(delta_t A) = g_t h_{t-1} a_t; d(delta_t u_t B_t) = g_t. A first pass keeps
-// the state at every kChunk-th step; each chunk's states and decays are recomputed from it, then read backwards,
-// so a thread holds O(N kBlock (L / kChunk + kChunk)). dA, dB, dC are sums over items: each thread adds into its
-// own slice of dA_part (threads, D, N), dB_part and dC_part (threads, Bt, G, L, N), which the caller sums.
-// If y is not null the forward's y is written too (the z gate's gradient needs it), from the recomputed states.
+// Gradients of y = (sum_n C h + D u) silu(z) with respect to u, the raw delta, A, B, C, D, z and delta's bias.
+// With g_t = dL/dh_t and gy_t = dy_t silu(z_t), the gradient of the core sum: g_t = C_t gy_t + a_{t+1} g_{t+1};
+// d(delta_t A) = g_t h_{t-1} a_t; d(delta_t u_t B_t) = g_t. A first pass keeps the state at the start of every
+// tile; each tile's states, decays and core outputs are recomputed from it, then read backwards, so a thread holds
+// O(N kBlock (L / kChunk + kChunk)). The element-wise parts (the gate, the skip, softplus) are differentiated per
+// step beside the scan's. dA, dB, dC, dD and the bias's gradient are sums over items: each thread adds into its
+// own slice of dA_part (threads, D, N), dB_part and dC_part (threads, Bt, G, L, N), dD_part and dbias_part
+// (threads, D), which the caller sums. dz is written where z is given.
 template <class T>
-void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* dy,
-              T* du_out, T* ddelta_out, T* dA_part, T* dB_part, T* dC_part, T* y, bool reverse, int threads) {
-  const int64_t N = s.d_state, L = s.length, W = N * kBlock;
-  const int64_t chunks = (L + kChunk - 1) / kChunk;
+void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* delta_bias,
+              bool softplus, const T* D, const T* z, const int64_t* z_strides, const T* dy, T* du_out,
+              T* ddelta_out, T* dA_part, T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz_out, bool reverse,
+              int threads) {
+  const int64_t N = s.d_state, L = s.length, W = N * kBlock, V = kChunk * kBlock;
+  const int64_t tiles = (L + kChunk - 1) / kChunk;
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
-    Block<T> blk(s, item, A);
-    std::vector<T> starts(chunks * W), hs(kChunk * W), as(kChunk * W), h(W, T(0)), g(W, T(0)), dA(W, T(0));
-    T dt[kBlock], du[kBlock], yv[kBlock], gy[kBlock], sgb[kBlock], sdd[kBlock];
-    auto time_at = [&](int64_t k) { return reverse ? L - 1 - k : k; };
-    for (int64_t k = 0; k < L; ++k) {  // states at chunk starts (and y)
-      const int64_t t = time_at(k);
-      if (k % kChunk == 0) std::memcpy(&starts[(k / kChunk) * W], h.data(), W * sizeof(T));
-      blk.load(u, delta, t, dt, du);
-      if (y) {
-        blk.template step<false, true>(dt, du, Bm + blk.bc(t), Cm + blk.bc(t), h.data(), nullptr, yv);
-        for (int64_t c = 0; c < blk.nd; ++c) y[blk.row(t) + c * L] = yv[c];
-      } else {
+    Block<T> blk(s, item, A, delta_bias, D, softplus);
+    std::vector<T> starts(tiles * W), hs(kChunk * W), as(kChunk * W), h(W, T(0)), g(W, T(0)), dA(W, T(0));
+    std::vector<T> windows(8 * V);
+    T *uw = windows.data(), *dw = uw + V, *gw = dw + V, *zw = gw + V, *cw = zw + V, *duw = cw + V, *ddw = duw + V,
+      *dzw = ddw + V;
+    T dt[kBlock], du[kBlock], sgb[kBlock], sdd[kBlock], gy[kBlock], dD[kBlock] = {}, dbias[kBlock] = {};
+    for (int64_t ti = 0; ti < tiles; ++ti) {  // states at tile starts
+      const Tile tile(ti, L, reverse);
+      std::memcpy(&starts[ti * W], h.data(), W * sizeof(T));
+      blk.gather(u, nullptr, tile, uw);
+      blk.gather(delta, nullptr, tile, dw);
+      for (int64_t k = 0; k < tile.size(); ++k) {
+        const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
+        blk.template load<true>(uw + o, dw + o, dt, du);
         blk.template step<false, false>(dt, du, Bm + blk.bc(t), nullptr, h.data(), nullptr, nullptr);
       }
     }
     T* dB_t = dB_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
     T* dC_t = dC_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
-    for (int64_t ci = chunks - 1; ci >= 0; --ci) {
-      const int64_t k0 = ci * kChunk, k1 = k0 + kChunk < L ? k0 + kChunk : L;
-      std::memcpy(h.data(), &starts[ci * W], W * sizeof(T));
-      for (int64_t k = k0; k < k1; ++k) {  // recompute the chunk's states and decays
-        const int64_t t = time_at(k);
-        blk.load(u, delta, t, dt, du);
-        blk.template step<true, false>(dt, du, Bm + blk.bc(t), nullptr, h.data(), &as[(k - k0) * W], nullptr);
-        std::memcpy(&hs[(k - k0) * W], h.data(), W * sizeof(T));
+    for (int64_t ti = tiles - 1; ti >= 0; --ti) {
+      const Tile tile(ti, L, reverse);
+      blk.gather(u, nullptr, tile, uw);
+      blk.gather(delta, nullptr, tile, dw);
+      blk.gather(dy, nullptr, tile, gw);
+      if (z) blk.gather(z, z_strides, tile, zw);
+      std::memcpy(h.data(), &starts[ti * W], W * sizeof(T));
+      for (int64_t k = 0; k < tile.size(); ++k) {  // recompute the tile's states, decays and core outputs
+        const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
+        blk.template load<true>(uw + o, dw + o, dt, du);
+        blk.template step<true, true>(dt, du, Bm + blk.bc(t), Cm + blk.bc(t), h.data(), &as[k * W], cw + o);
+        std::memcpy(&hs[k * W], h.data(), W * sizeof(T));
       }
-      for (int64_t k = k1 - 1; k >= k0; --k) {
-        const int64_t t = time_at(k);
-        blk.load(u, delta, t, dt, du);
-        const T* dyr = dy + blk.row(t);
-        for (int64_t c = 0; c < kBlock; ++c) {
-          gy[c] = c < blk.nd ? dyr[c * L] : T(0);
+      for (int64_t k = tile.size() - 1; k >= 0; --k) {
+        const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
+        blk.template load<true>(uw + o, dw + o, dt, du);
+        const T* ur = uw + o;
+        const T* dyr = gw + o;
+#pragma omp simd
+        for (int64_t c = 0; c < kBlock; ++c) {  // the gate: gy = dy silu(z), dz = dy (core + D u) silu'(z)
           sgb[c] = T(0);
           sdd[c] = T(0);
+          if (z) {
+            const T zv = zw[o + c], sig = sigmoid_lane(zv);
+            gy[c] = dyr[c] * zv * sig;
+            dzw[o + c] = dyr[c] * (cw[o + c] + blk.skip[c] * ur[c]) * sig * (T(1) + zv * (T(1) - sig));
+          } else {
+            gy[c] = dyr[c];
+          }
+          dD[c] += gy[c] * ur[c];
         }
-        const T* hk = &hs[(k - k0) * W];
-        const T* prev = k > k0 ? &hs[(k - k0 - 1) * W] : &starts[ci * W];
-        const T* ak = &as[(k - k0) * W];
+        const T* hk = &hs[k * W];
+        const T* prev = k > 0 ? &hs[(k - 1) * W] : &starts[ti * W];
+        const T* ak = &as[k * W];
         const T* Bt = Bm + blk.bc(t);
         const T* Ct = Cm + blk.bc(t);
         T* dBr = dB_t + blk.bc(t);
         T* dCr = dC_t + blk.bc(t);
         for (int64_t n = 0; n < N; ++n) {
-          const int64_t o = n * kBlock;
-          const T* An = blk.At + o;
+          const int64_t o_n = n * kBlock;
+          const T* An = blk.At + o_n;
           const T bn = Bt[n], cn = Ct[n];
-          T* gn = &g[o];
-          T* dAn = &dA[o];
+          T* gn = &g[o_n];
+          T* dAn = &dA[o_n];
           T db = 0, dc = 0;
 #pragma omp simd reduction(+ : db, dc)
           for (int64_t c = 0; c < kBlock; ++c) {
             const T gv = cn * gy[c] + gn[c];  // gn holds a_{t+1} g_{t+1}
-            const T dpre = gv * prev[o + c] * ak[o + c];
-            dc += gy[c] * hk[o + c];
+            const T dpre = gv * prev[o_n + c] * ak[o_n + c];
+            dc += gy[c] * hk[o_n + c];
             db += gv * du[c];
             sgb[c] += gv * bn;
             sdd[c] += dpre * An[c];
             dAn[c] += dpre * dt[c];
-            gn[c] = ak[o + c] * gv;
+            gn[c] = ak[o_n + c] * gv;
           }
           dBr[n] += db;
           dCr[n] += dc;
         }
-        const T* ur = u + blk.row(t);
-        T* ddr = ddelta_out + blk.row(t);
-        T* dur = du_out + blk.row(t);
-        for (int64_t c = 0; c < blk.nd; ++c) {
-          ddr[c * L] = sdd[c] + sgb[c] * ur[c * L];
-          dur[c * L] = sgb[c] * dt[c];
+#pragma omp simd
+        for (int64_t c = 0; c < kBlock; ++c) {  // the skip, then softplus: d raw delta = d dt sigmoid(delta + bias)
+          const T pre = dw[o + c] + blk.bias[c];
+          const T d_dt = sdd[c] + sgb[c] * ur[c];
+          const T d_pre = softplus ? d_dt * (pre > T(20) ? T(1) : sigmoid_lane(pre)) : d_dt;
+          ddw[o + c] = d_pre;
+          dbias[c] += d_pre;
+          duw[o + c] = sgb[c] * dt[c] + gy[c] * blk.skip[c];
         }
       }
+      blk.scatter(ddw, tile, ddelta_out);
+      blk.scatter(duw, tile, du_out);
+      if (z) blk.scatter(dzw, tile, dz_out);
     }
     T* dA_t = dA_part + static_cast<int64_t>(tid) * s.channels * N;
-    for (int64_t c = 0; c < blk.nd; ++c)
+    T* dD_t = dD_part + static_cast<int64_t>(tid) * s.channels;
+    T* dbias_t = dbias_part + static_cast<int64_t>(tid) * s.channels;
+    for (int64_t c = 0; c < blk.nd; ++c) {
       for (int64_t n = 0; n < N; ++n) dA_t[(blk.d0 + c) * N + n] += dA[n * kBlock + c];
+      dD_t[blk.d0 + c] += dD[c];
+      dbias_t[blk.d0 + c] += dbias[c];
+    }
   });
 }
 
@@ -263,22 +427,27 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
 
 extern "C" {
 
-int mixerbench_scan_abi_version() { return 2; }
+int mixerbench_scan_abi_version() { return 6; }
 
 #define MIXERBENCH_SCAN_ENTRY(T, suffix)                                                                        \
   void mixerbench_scan_fwd_##suffix(int64_t batch, int64_t channels, int64_t length, int64_t d_state,         \
-                                    int64_t groups,                                                            \
-                                    const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, T* y,     \
-                                    int reverse, int threads) {                                                \
-    forward<T>(Shape{batch, channels, length, d_state, groups}, u, delta, A, Bm, Cm, y, reverse != 0, threads);        \
+                                    int64_t groups, const T* u, const T* delta, const T* A, const T* Bm,        \
+                                    const T* Cm, const T* delta_bias, int softplus, const T* D, const T* z,     \
+                                    int64_t z_sb, int64_t z_sd, int64_t z_sl, T* y, int reverse, int threads) {  \
+    const int64_t z_strides[3] = {z_sb, z_sd, z_sl};                                                           \
+    forward<T>(Shape{batch, channels, length, d_state, groups}, u, delta, A, Bm, Cm, delta_bias, softplus != 0,  \
+               D, z, z_strides, y, reverse != 0, threads);                                                     \
   }                                                                                                            \
   void mixerbench_scan_bwd_##suffix(int64_t batch, int64_t channels, int64_t length, int64_t d_state,         \
-                                    int64_t groups,                                                            \
-                                    const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,           \
-                                    const T* dy, T* du, T* ddelta, T* dA_part, T* dB_part, T* dC_part, T* y,    \
+                                    int64_t groups, const T* u, const T* delta, const T* A, const T* Bm,        \
+                                    const T* Cm, const T* delta_bias, int softplus, const T* D, const T* z,     \
+                                    int64_t z_sb, int64_t z_sd, int64_t z_sl, const T* dy, T* du, T* ddelta,    \
+                                    T* dA_part, T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz,       \
                                     int reverse, int threads) {                                                \
-    backward<T>(Shape{batch, channels, length, d_state, groups}, u, delta, A, Bm, Cm, dy, du, ddelta, dA_part, dB_part, \
-                dC_part, y, reverse != 0, threads);                                                               \
+    const int64_t z_strides[3] = {z_sb, z_sd, z_sl};                                                           \
+    backward<T>(Shape{batch, channels, length, d_state, groups}, u, delta, A, Bm, Cm, delta_bias, softplus != 0, \
+                D, z, z_strides, dy, du, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part, dz,           \
+                reverse != 0, threads);                                                                        \
   }
 
 MIXERBENCH_SCAN_ENTRY(float, f32)

@@ -11,8 +11,9 @@ The source is plain C++ on raw pointers (no torch headers), built on first use b
 built (no compiler) `cpp_unavailable_reason` says why and `auto` falls back to `torch_stream`. The library is
 called through ctypes, which releases the GIL; its threads follow `torch.get_num_threads()`.
 
-Softplus, the bias, the D skip and the z gate stay in PyTorch around the kernel (element-wise, already
-vectorised); the kernel sees the effective delta and returns sum_n C_t h_t.
+The kernels also apply delta's bias and softplus, the D skip and the z gate, and differentiate them, step by step
+as they load and store (as mamba-ssm's CUDA kernel does): in PyTorch they were passes over (B, D, L) tensors that
+together took about as long as the recurrence.
 """
 from __future__ import annotations
 
@@ -23,15 +24,14 @@ import os
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from .naive import compute_dtype, effective_delta, grouped
+from .naive import compute_dtype, grouped
 
 SOURCE = Path(__file__).with_name("cpp_scan.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
-ABI_VERSION = 2
+ABI_VERSION = 6
 # Set to 0 to never build or load the library (`auto` then picks `torch_stream` on the CPU).
 ENABLE_ENV = "MIXERBENCH_CPP_SCAN"
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -48,6 +48,11 @@ def _vector_isa() -> tuple[str, list[str]]:
     return "baseline", []
 
 
+# Builds tried in order: with OpenMP, so the kernel runs on torch's own OpenMP pool where torch has loaded
+# libgomp.so.1 (cpp_scan.cpp's parallel_items says why that matters), else with std::threads.
+_THREADING = (("omp", ["-fopenmp"]), ("threads", ["-fopenmp-simd"]))
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The built library, or the reason it cannot be had (cached: a failed build is not retried per call)."""
@@ -61,16 +66,23 @@ def _library() -> ctypes.CDLL | str:
         from torch.utils import cpp_extension
 
         isa, isa_flags = _vector_isa()
-        path = cpp_extension.load(
-            name=f"mixerbench_cpp_scan_v{ABI_VERSION}_{isa}",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-std=c++17", "-fopenmp-simd", "-fno-trapping-math", *isa_flags],
-            is_python_module=False,
-            verbose=False,
-        )
-        lib = ctypes.CDLL(str(path))
-    except Exception as err:  # noqa: BLE001 - any build or load failure means: use the PyTorch scan
-        return f"the C++ scan could not be built or loaded ({type(err).__name__}: {str(err).strip()[:300]})"
+        errors = []
+        for threading, flags in _THREADING:
+            try:
+                path = cpp_extension.load(
+                    name=f"mixerbench_cpp_scan_v{ABI_VERSION}_{isa}_{threading}",
+                    sources=[str(SOURCE)],
+                    extra_cflags=["-O3", "-std=c++17", "-fno-trapping-math", *flags, *isa_flags],
+                    extra_ldflags=flags,
+                    is_python_module=False,
+                    verbose=False,
+                )
+                lib = ctypes.CDLL(str(path))
+                break
+            except Exception as err:  # noqa: BLE001 - any build or load failure: try the next, then the PyTorch scan
+                errors.append(f"{threading}: {type(err).__name__}: {str(err).strip()[:300]}")
+        else:
+            return f"the C++ scan could not be built or loaded ({'; '.join(errors)})"
     finally:
         logger.setLevel(level)
     if lib.mixerbench_scan_abi_version() != ABI_VERSION:
@@ -96,15 +108,15 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
 
 
 class _Inputs:
-    """The kernel's inputs, contiguous in the compute dtype: u, effective delta (B, D, L), A (D, N), B and C
-    transposed to (B, G, L, N) so a time step reads N adjacent values."""
+    """The kernel's inputs, contiguous in the compute dtype: u, delta (B, D, L) as given (the forward kernel applies
+    the bias and softplus; the backward's callers pass the effective delta), A (D, N), B and C transposed to
+    (B, G, L, N) so a time step reads N adjacent values."""
 
-    def __init__(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, delta_bias: Tensor | None,
-                 delta_softplus: bool) -> None:
+    def __init__(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> None:
         ct = compute_dtype(u)
         self.dtype = ct
         self.u = u.to(ct).contiguous()  # (B, D, L)
-        self.delta = effective_delta(delta, delta_bias, delta_softplus, ct).contiguous()  # (B, D, L)
+        self.delta = delta.to(ct).contiguous()  # (B, D, L)
         self.A = A.to(ct).contiguous()  # (D, N)
         self.B = rearrange(grouped(B.to(ct)), "b g n l -> b g l n").contiguous()  # (B, G, L, N)
         self.C = rearrange(grouped(C.to(ct)), "b g n l -> b g l n").contiguous()  # (B, G, L, N)
@@ -127,11 +139,13 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-def _scan_core(p: _Inputs, reverse: bool) -> Tensor:
-    """sum_n C_t[n] h_t[n], (B, D, L) in the compute dtype."""
-    y = torch.empty_like(p.u)  # (B, D, L)
-    getattr(_lib(), f"mixerbench_scan_fwd_{p.suffix}")(*p.args(), _ptr(y), ctypes.c_int(int(reverse)), _threads())
-    return y
+def _optional(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return None if t is None else t.to(dtype).contiguous()
+
+
+def _gate_args(z: Tensor | None) -> tuple:
+    """z's pointer and strides (batch, channel, time) in elements, for the kernel; zeros where there is no z."""
+    return (_ptr(z), *(ctypes.c_int64(s) for s in (z.stride() if z is not None else (0, 0, 0))))
 
 
 def selective_scan_cpp(
@@ -155,86 +169,75 @@ def selective_scan_cpp(
         y (B, D, L) in `u.dtype`, contiguous.
     """
     with torch.no_grad():
-        p = _Inputs(u, delta, A, B, C, delta_bias, delta_softplus)
-        y = _scan_core(p, reverse)
-        if D is not None:
-            y = y + D.to(p.dtype)[:, None] * p.u
-        if z is not None:
-            y = y * F.silu(z.to(p.dtype))
-        return y.to(u.dtype).contiguous()
+        p = _Inputs(u, delta, A, B, C)
+        bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
+        gate = None if z is None else z.to(p.dtype)  # any strides: the kernel reads them
+        y = torch.empty_like(p.u)  # (B, D, L)
+        getattr(_lib(), f"mixerbench_scan_fwd_{p.suffix}")(
+            *p.args(), _ptr(bias), ctypes.c_int(int(delta_softplus)), _ptr(skip), *_gate_args(gate), _ptr(y),
+            ctypes.c_int(int(reverse)), _threads(),
+        )
+        return y.to(u.dtype)
 
 
 @torch.library.custom_op("mixerbench::selective_scan_cpp_bwd", mutates_args=())
-def _scan_core_backward(
-    dy_core: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, reverse: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _scan_backward(
+    dy: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
+    delta_bias: Tensor | None, delta_softplus: bool, reverse: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The kernel's backward as an op of its own (so autograd tracing, e.g. opcheck or torch.compile, sees an
-    opaque op with a fake, not a data pointer): gradients of y_core = sum_n C h with respect to u, the effective
-    delta, A, B, C, and y_core itself (the z gate's gradient needs it). Inputs in the compute dtype; delta is the
-    effective delta.
+    opaque op with a fake, not a data pointer): the gradients of the selective scan's output with respect to u,
+    delta, A, B, C, D, z and delta_bias, in the compute dtype. Where D, z or delta_bias is None its gradient is an
+    empty tensor (an op returns tensors only).
 
     Returns:
-        (du, d_delta, dA, dB, dC, y_core), shaped as u, delta, A, B, C, u.
+        (du, d_delta, dA, dB, dC, dD, dz, d_bias), shaped as the inputs.
     """
-    p = _Inputs(u, delta, A, B, C, None, False)
+    p = _Inputs(u, delta, A, B, C)
     batch, channels, length, d_state, groups = p.shape
     threads = _threads()
-    dy_core = dy_core.to(p.dtype).contiguous()  # (B, D, L)
+    bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
+    gate = None if z is None else z.to(p.dtype)  # any strides: the kernel reads them
+    dy = dy.to(p.dtype).contiguous()  # (B, D, L)
     du = torch.empty_like(p.u)  # (B, D, L)
     d_delta = torch.empty_like(p.u)  # (B, D, L)
+    dz = torch.empty_like(p.u) if z is not None else p.u.new_empty(0)  # (B, D, L)
     dA_part = p.u.new_zeros(threads.value, channels, d_state)  # per thread, (T, D, N)
     dB_part = p.u.new_zeros(threads.value, batch, groups, length, d_state)  # per thread, (T, B, G, L, N)
     dC_part = p.u.new_zeros(threads.value, batch, groups, length, d_state)  # per thread, (T, B, G, L, N)
-    y_core = torch.empty_like(p.u)  # (B, D, L)
+    dD_part = p.u.new_zeros(threads.value, channels)  # per thread, (T, D)
+    dbias_part = p.u.new_zeros(threads.value, channels)  # per thread, (T, D)
     getattr(_lib(), f"mixerbench_scan_bwd_{p.suffix}")(
-        *p.args(), _ptr(dy_core), _ptr(du), _ptr(d_delta), _ptr(dA_part), _ptr(dB_part),
-        _ptr(dC_part), _ptr(y_core), ctypes.c_int(int(reverse)), threads,
+        *p.args(), _ptr(bias), ctypes.c_int(int(delta_softplus)), _ptr(skip), *_gate_args(gate), _ptr(dy),
+        _ptr(du), _ptr(d_delta), _ptr(dA_part), _ptr(dB_part), _ptr(dC_part), _ptr(dD_part), _ptr(dbias_part),
+        _ptr(dz if z is not None else None), ctypes.c_int(int(reverse)), threads,
     )
     dB = rearrange(dB_part.sum(0), "b g l n -> b g n l").reshape(B.shape).contiguous()  # as B
     dC = rearrange(dC_part.sum(0), "b g l n -> b g n l").reshape(C.shape).contiguous()  # as C
-    return du, d_delta, dA_part.sum(0), dB, dC, y_core
+    dD = dD_part.sum(0) if D is not None else p.u.new_empty(0)
+    d_bias = dbias_part.sum(0) if delta_bias is not None else p.u.new_empty(0)
+    return du, d_delta, dA_part.sum(0), dB, dC, dD, dz, d_bias
 
 
-@_scan_core_backward.register_fake
-def _scan_core_backward_fake(
-    dy_core: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, reverse: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+@_scan_backward.register_fake
+def _scan_backward_fake(
+    dy: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
+    delta_bias: Tensor | None, delta_softplus: bool, reverse: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     ct = compute_dtype(u)
-    return tuple(t.new_empty(t.shape, dtype=ct) for t in (u, u, A, B, C, u))
+    shaped = (u, u, A, B, C, D, z, delta_bias)
+    return tuple(u.new_empty(0, dtype=ct) if t is None else t.new_empty(t.shape, dtype=ct) for t in shaped)
 
 
 def _cpp_backward(dy: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
                   z: Tensor | None, delta_bias: Tensor | None, delta_softplus: bool,
                   reverse: bool) -> tuple[Tensor | None, ...]:
-    """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias), None where the input was None.
-
-    The gate, the skip and softplus are differentiated here in PyTorch; the kernel's op gives the scan's part.
-    """
-    ct = compute_dtype(u)
-    dy = dy.to(ct)
-    if z is not None:
-        zc = z.to(ct)
-        sig = torch.sigmoid(zc)
-        dy_core = dy * zc * sig  # d loss / d (y_core + D u), (B, D, L)
-    else:
-        dy_core = dy
-    uc = u.to(ct)
-    delta_eff = effective_delta(delta, delta_bias, delta_softplus, ct)
-    du, d_delta, dA, dB, dC, y_core = torch.ops.mixerbench.selective_scan_cpp_bwd(
-        dy_core, uc, delta_eff, A.to(ct), B.to(ct), C.to(ct), reverse
-    )
-    dz = None
-    if z is not None:
-        pre_gate = y_core if D is None else y_core + D.to(ct)[:, None] * uc
-        dz = (dy * pre_gate * sig * (1 + zc * (1 - sig))).to(z.dtype)
-    dD = None if D is None else (dy_core * uc).sum((0, 2)).to(D.dtype)
-    if D is not None:
-        du = du + dy_core * D.to(ct)[:, None]
-    if delta_softplus:
-        pre = delta.to(ct) if delta_bias is None else delta.to(ct) + delta_bias.to(ct)[:, None]
-        d_delta = d_delta * torch.sigmoid(pre)
-    d_bias = None if delta_bias is None else d_delta.sum((0, 2)).to(delta_bias.dtype)
-    return (du.to(u.dtype), d_delta.to(delta.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype), dD, dz, d_bias)
+    """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias) in the inputs' dtypes, None where the input was
+    None."""
+    grads = torch.ops.mixerbench.selective_scan_cpp_bwd(dy, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                                                         reverse)
+    inputs = (u, delta, A, B, C, D, z, delta_bias)
+    return tuple(None if t is None else g.to(t.dtype) for g, t in zip(grads, inputs))
 
 
 @torch.library.custom_op("mixerbench::selective_scan_cpp", mutates_args=())
