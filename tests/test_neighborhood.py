@@ -55,14 +55,16 @@ def brute_force(mixer: NeighborhoodAttention, x: torch.Tensor, grid: tuple[int, 
     return F.linear(torch.stack(outs, 1), mixer.proj.weight, mixer.proj.bias)
 
 
+# Grids past one tile (TILE = 8) with a remainder, so the last tiles repeat queries, are in the list too.
 @pytest.mark.parametrize("grid,kernel_size", [((7, 9), 5), ((1, 1), 7), ((3, 5), 7), ((4, 11), 3), ((9, 2), 5),
-                                              ((6, 6), 1)])
+                                              ((6, 6), 1), ((13, 18), 7), ((17, 3), 3)])
 @pytest.mark.parametrize("rel_pos_bias", [True, False])
-def test_matches_brute_force_forward_and_backward(grid, kernel_size, rel_pos_bias) -> None:
-    mixer = make(kernel_size, rel_pos_bias=rel_pos_bias)
+@pytest.mark.parametrize("impl", ["tiled", "gather"])
+def test_matches_brute_force_forward_and_backward(grid, kernel_size, rel_pos_bias, impl) -> None:
+    mixer = make(kernel_size, rel_pos_bias=rel_pos_bias, impl=impl)
     x = torch.randn(2, grid[0] * grid[1], DIM, dtype=torch.float64, requires_grad=True)
     out = mixer(x, grid)
-    assert mixer.impl == "gather"
+    assert mixer.impl == impl
     ref = brute_force(mixer, x, grid)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     weight = torch.randn_like(out)
