@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 
 import pytest
@@ -320,6 +321,18 @@ def test_cpp_loop_reads_a_strided_gate_in_place() -> None:
     strided, _ = selective_scan(**inputs, impl="cpp_loop")
     copied, _ = selective_scan(**{**inputs, "z": inputs["z"].contiguous()}, impl="cpp_loop")
     assert torch.equal(strided, copied)
+
+
+@needs_cpp
+@pytest.mark.parametrize("name,shape", [("z", (2, 6, 1)), ("delta", (2, 6, 32)), ("D", (1,)), ("B", (2, 5, 32)),
+                                        ("delta_bias", (7,))])
+def test_cpp_loop_refuses_shapes_it_would_read_past(name: str, shape: tuple[int, ...]) -> None:
+    """The kernels read raw memory by u's and A's shapes: a z PyTorch would broadcast, or any input of another
+    shape, is refused in one line that names it."""
+    inputs = make_inputs(batch=2, channels=6, length=33, d_state=5)
+    inputs[name] = torch.randn(shape)
+    with pytest.raises(ValueError, match=re.escape(f"{name} {shape}")):
+        selective_scan(**inputs, impl="cpp_loop")
 
 
 @needs_cpp

@@ -108,11 +108,31 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
 
 
 class _Inputs:
-    """The kernel's inputs, contiguous in the compute dtype: u, delta (B, D, L) as given (the forward kernel applies
-    the bias and softplus; the backward's callers pass the effective delta), A (D, N), B and C transposed to
-    (B, G, L, N) so a time step reads N adjacent values."""
+    """The kernels' inputs, contiguous in the compute dtype: u, delta (B, D, L) as given (the kernels apply the bias
+    and softplus), A (D, N), B and C transposed to (B, G, L, N) so a time step reads N adjacent values.
 
-    def __init__(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> None:
+    The kernels read raw memory by these shapes, so the optional z (B, D, L), D and delta_bias (D,) are checked
+    here too: a broadcastable z that PyTorch would have taken must not be read past its end.
+    """
+
+    def __init__(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+                 z: Tensor | None = None, delta_bias: Tensor | None = None) -> None:
+        if u.dim() != 3 or A.dim() != 2:
+            raise ValueError(f"cpp_loop scan: u must be (B, D, L) and A (D, N), got {tuple(u.shape)} and "
+                             f"{tuple(A.shape)}")
+        (batch, channels, length), d_state = u.shape, A.shape[1]
+        groups = B.shape[1] if B.dim() == 4 else 1
+        bc = (batch, groups, d_state, length) if B.dim() == 4 else (batch, d_state, length)
+        expected = {"delta": (delta, (batch, channels, length)), "A": (A, (channels, d_state)), "B": (B, bc),
+                    "C": (C, bc), "z": (z, (batch, channels, length)), "D": (D, (channels,)),
+                    "delta_bias": (delta_bias, (channels,))}
+        wrong = [f"{name} {tuple(t.shape)}, expected {shape}" for name, (t, shape) in expected.items()
+                 if t is not None and tuple(t.shape) != shape]
+        if channels % groups:
+            wrong.append(f"B's {groups} groups do not divide the {channels} channels")
+        if wrong:
+            raise ValueError(f"cpp_loop scan: shapes do not fit u {tuple(u.shape)} and A {tuple(A.shape)}: "
+                             + "; ".join(wrong))
         ct = compute_dtype(u)
         self.dtype = ct
         self.u = u.to(ct).contiguous()  # (B, D, L)
@@ -169,7 +189,7 @@ def selective_scan_cpp(
         y (B, D, L) in `u.dtype`, contiguous.
     """
     with torch.no_grad():
-        p = _Inputs(u, delta, A, B, C)
+        p = _Inputs(u, delta, A, B, C, D, z, delta_bias)
         bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
         gate = None if z is None else z.to(p.dtype)  # any strides: the kernel reads them
         y = torch.empty_like(p.u)  # (B, D, L)
@@ -193,7 +213,7 @@ def _scan_backward(
     Returns:
         (du, d_delta, dA, dB, dC, dD, dz, d_bias), shaped as the inputs.
     """
-    p = _Inputs(u, delta, A, B, C)
+    p = _Inputs(u, delta, A, B, C, D, z, delta_bias)
     batch, channels, length, d_state, groups = p.shape
     threads = _threads()
     bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
