@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils.flop_counter import FlopCounterMode
 
 from .attention import qkv_and_proj
 from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_tokens
@@ -133,6 +135,13 @@ def neighbourhood_mask_mod(grid: Grid, kernel_size: int) -> Callable:
     return mask_mod
 
 
+def _flop_counting() -> bool:
+    """True while torch's FlopCounterMode counts this call: the count must be the neighbourhood's products
+    (`macs`), which gather computes exactly and tiled (its padded key rectangles) does not."""
+    return any(type(mode).__name__ == "_FlopCounterMode" or isinstance(mode, FlopCounterMode)
+               for mode in _get_current_dispatch_mode_stack())
+
+
 @functools.cache
 def _flex() -> tuple[Callable, Callable] | None:
     """(flex_attention, create_block_mask) where this torch has them, else None."""
@@ -173,8 +182,9 @@ class NeighborhoodAttention(TokenMixer):
       `flex_compiled` forces the compiled kernel on any device: on a CPU inductor compiles it, so the CUDA
       path's own code (compile, dynamic batch, counting) runs in CPU tests; forward only there, since
       FlexAttention has no CPU backward.
-    While `torch.jit.trace` runs (fvcore's count) the gather path stands in for flex and tiled: dynamo refuses to
-    run inside a jit trace, and gather computes the same function with exactly the neighbourhood's products.
+    While `torch.jit.trace` (fvcore's count) or `FlopCounterMode` runs, the gather path stands in for flex and
+    tiled: dynamo refuses to run inside a jit trace, and gather computes the same function with exactly the
+    neighbourhood's products, which is what the counts must report.
     The per-grid indices, tiles and block masks are cached outside the state dict.
 
     Parameters: `qkv` and `proj` as `attention`, plus the bias table `rpb`, `heads x (2k - 1)^2` numbers (338 at
@@ -314,7 +324,7 @@ class NeighborhoodAttention(TokenMixer):
         q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         # q, k, v: (B, heads, N, head_dim)
         impl = self._resolve_impl(x.device)
-        if impl != "gather" and torch.jit.is_tracing():  # the count's trace runs gather: see the class doc
+        if impl != "gather" and (torch.jit.is_tracing() or _flop_counting()):  # counts run gather: class doc
             impl = "gather"
         else:
             self.impl = impl  # what a measured call ran, not what the count's trace ran
