@@ -159,8 +159,12 @@ def _compiled_flex() -> Callable:
     Dynamic in the batch (`_attend_flex` marks it), so a batch-`max` search (1, 2, 4, ... 1024) compiles twice per
     grad mode and dtype (batch 1 is specialised, then one dynamic graph) instead of once per batch: with static
     shapes it passed dynamo's recompile limit (8) and fell back to eager flex, which builds the N x N scores.
+    Static in everything else (`dynamic=False` turns dynamo's automatic dynamic shapes off; the batch mark still
+    holds): a second grid in one process would otherwise make the token count and the score_mod's captured grid
+    ints symbolic, which torch 2.11's flex lowering cannot take ("'ShapeAsConstantBuffer' object has no attribute
+    'dtype'", seen on an H200); a new grid compiles its own static graph instead.
     """
-    return torch.compile(_flex()[0], dynamic=None)
+    return torch.compile(_flex()[0], dynamic=False)
 
 
 @register_mixer("neighborhood")

@@ -85,3 +85,20 @@ def test_compiled_flex_backward_on_the_cpu_matches_gather_or_is_refused_by_torch
     reference(x, GRID).square().sum().backward()
     for (name, p), q in zip(mixer.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)  # fp32, different sum orders
+
+
+def test_each_grid_compiles_static_graphs_that_match_gather(no_fallback) -> None:
+    """Two grids in one process (a multi-resolution evaluation, or the test suite itself): each compiles its own
+    two graphs (batch 1, then dynamic batch), never a graph symbolic in the token count, whose captured grid ints
+    torch 2.11's flex lowering cannot take (mixers/neighborhood.py, `_compiled_flex`)."""
+    torch.manual_seed(0)
+    mixer = create_mixer("neighborhood", DIM, HEADS, kernel_size=3, impl="flex_compiled").eval()
+    reference = create_mixer("neighborhood", DIM, HEADS, kernel_size=3, impl="gather").eval()
+    reference.load_state_dict(mixer.state_dict())
+    grids = ((6, 6), (5, 7))
+    for grid in grids:
+        for batch in (1, 2, 4):
+            x = torch.randn(batch, grid[0] * grid[1], DIM)
+            with torch.inference_mode():
+                torch.testing.assert_close(mixer(x, grid), reference(x, grid), rtol=1e-5, atol=1e-5)
+    assert counters["frames"]["ok"] == 2 * len(grids), dict(counters["frames"])
