@@ -29,7 +29,7 @@ SMOKE_SIZE = dict(preset="micro", img_size=32, patch_size=4)  # 64 tokens: every
 SMOKE_DTYPE = "bfloat16"  # the dtype of the GPU references
 TIMING_MODES = ("eager", "graphed")
 # One epoch of reach on the device trainer: enough steps for the divergence check, the checkpoint and the RNG state.
-TRAINER_RECIPE = {"trainer": "device", "train_samples": 512, "batch_size": 64, "eval_batch_size": 256,
+TRAINER_RECIPE = {"train_samples": 512, "batch_size": 64, "eval_batch_size": 256,
                   "warmup_epochs": 0.0, "val_fraction": 0.1}
 
 
@@ -63,13 +63,20 @@ def row_line(point: Point, row: dict) -> str:
 
 
 def run_points(points: list[Point]) -> int:
-    """Measures each point in this process, prints its line; returns how many did not end ok (a training step or
-    fvcore note inside an ok row counts as a failure too: the smoke expects every path to run)."""
+    """Measures each point in its own child process, as a sweep does, and prints its line; returns how many did not
+    end ok (a training step or fvcore note inside an ok row counts as a failure too: the smoke expects every path
+    to run).
+
+    In one process, a failed CUDA graph capture left torch's CUDA generator in capture state, and every later
+    point failed at its first random number ("Offset increment outside graph capture", seen on an H200): a child
+    per point keeps each failure to its own line.
+    """
     from .measure.run import measure_point
+    from .sweep.isolation import run_isolated
 
     failed = 0
     for point in points:
-        row = measure_point(point)
+        row = run_isolated(measure_point, point, point.timeout_s)
         print(row_line(point, row), flush=True)
         failed += row.get("status") != "ok" or bool(row.get("error"))
     return failed

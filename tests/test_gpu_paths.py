@@ -180,7 +180,7 @@ def test_gla_fla_kernels_match_the_pytorch_form() -> None:
 def test_device_trainer_on_cuda_steps_fused_adamw_and_checkpoints_the_cuda_rng(tmp_path: Path) -> None:
     from experiments.train.recipe import CHECKPOINT_NAME
 
-    train = json.dumps({"trainer": "device", "train_samples": 256, "batch_size": 64, "warmup_epochs": 0.0})
+    train = json.dumps({"train_samples": 256, "batch_size": 64, "warmup_epochs": 0.0})
     row = measure_point(Point(mixer="attention", batch_size=1, dataset="reach", epochs=1, train=train,
                               dtype="bfloat16", checkpoint_dir=str(tmp_path), measure_train_step=False, **SMALL))
     assert row["status"] == "ok", row["error"]

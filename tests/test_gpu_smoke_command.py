@@ -34,7 +34,7 @@ def test_every_registered_mixer_in_both_regimes_at_batch_1_and_max() -> None:
     assert covered == {(m, mode, b) for m in list_mixers() for mode in ("eager", "graphed") for b in (1, MAX_BATCH)}
     assert all(p.device == "cuda" and p.measure_train_step for p in points)
     trainer = gpu_smoke.trainer_point()
-    assert trainer.epochs == 1 and '"trainer":"device"' in trainer.train and trainer.dataset == "reach"
+    assert trainer.epochs == 1 and trainer.dataset == "reach"
 
 
 def test_the_loop_reports_a_line_per_point_and_counts_failures(capsys: pytest.CaptureFixture) -> None:
@@ -46,3 +46,10 @@ def test_the_loop_reports_a_line_per_point_and_counts_failures(capsys: pytest.Ca
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 4 and sum("graphed timing needs CUDA" in line for line in lines) == 2
     assert all("impl=" in line for line in lines)
+
+
+def test_the_trainer_point_trains_on_a_cpu_stand_in(capsys: pytest.CaptureFixture, tmp_path) -> None:
+    """The device-trainer point as the smoke builds it, on the CPU: its recipe must be one TrainRecipe takes (a key
+    the recipe had dropped failed only on the GPU before)."""
+    point = dataclasses.replace(gpu_smoke.trainer_point(str(tmp_path)), device="cpu", dtype="float32")
+    assert gpu_smoke.run_points([point]) == 0, capsys.readouterr().out

@@ -42,6 +42,14 @@ def chunk_gla_macs(heads: int, length: int, key_dim: int, value_dim: int, chunk_
 _FACTORISED_LOG_DECAY_LIMIT = {torch.float32: 30.0, torch.float64: 300.0}
 
 
+def _values_unreadable(t: Tensor) -> bool:
+    """True where the choice of form cannot read `t`: on the meta device (counting: no values) and while a CUDA graph
+    is captured (reading a value synchronises, which capture forbids). Both take the factorised form, the one the
+    MACs count; a captured graph replayed on decays past the limit would give non-finite outputs, so graphs here
+    serve timing (experiments/measure/graphed.py), not training on arbitrary gates."""
+    return t.device.type == "meta" or (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
 def _intra_chunk_scores(q: Tensor, k: Tensor, b: Tensor, compute: torch.dtype) -> Tensor:
     """Scores of query i against key j <= i inside each chunk, q_i . (k_j * exp(b_i - b_j)), (B, H, n, T, T).
 
@@ -52,8 +60,7 @@ def _intra_chunk_scores(q: Tensor, k: Tensor, b: Tensor, compute: torch.dtype) -
     """
     T = q.shape[-2]
     later = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T_i, T_j): j > i
-    # On the meta device (counting) there are no values to test: take the factorised form, the one the MACs count.
-    if b.device.type == "meta" or -b.amin() <= _FACTORISED_LOG_DECAY_LIMIT[compute]:
+    if _values_unreadable(b) or -b.amin() <= _FACTORISED_LOG_DECAY_LIMIT[compute]:
         scores = (q * b.exp()) @ (k * (-b).exp()).transpose(-1, -2)  # (B, H, n, T_i, T_j)
         return scores.masked_fill(later, 0.0)
     rel = (b[..., :, None, :] - b[..., None, :, :]).masked_fill(later[:, :, None], float("-inf"))  # (.., T, T, K)
