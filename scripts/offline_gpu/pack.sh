@@ -6,6 +6,7 @@
 #   .gpu/cifar10-subset.npz   the CIFAR-10 subset the accuracy sweeps read (from ../shared/data, where present)
 #   .gpu/head.bundle    the commits since the copy's own base (git bundle), so that rows there name HEAD, clean
 # Run it in the checkout, in a venv where the project is installed (pip resolves mamba-ssm's sdist with torch).
+#   WITH_CIFAR=0                  leaves the CIFAR subset out (most of the pack's size)
 #   BASE=<commit the copy knows>  default: where this clone's HEAD started (its first reflog entry); a full bundle
 #                                 where that is unknown
 set -euo pipefail
@@ -32,7 +33,9 @@ pip wheel -q --no-deps -w "$next/whl" $pins
 # the sdist alone, its CUDA build skipped (as experiments/bench/scan.py's --mamba-src help says)
 MAMBA_SKIP_CUDA_BUILD=TRUE pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$next" \
   "mamba-ssm==${MAMBA_SSM_VERSION:-2.3.2.post1}"
-if [ -f ../shared/data/cifar10-subset.npz ]; then
+if [ "${WITH_CIFAR:-1}" = 0 ]; then
+  :  # steps that train on no CIFAR (smoke, tests, scan, profile, gpu_reference): a smaller carry
+elif [ -f ../shared/data/cifar10-subset.npz ]; then
   cp ../shared/data/cifar10-subset.npz "$next/"
 else
   echo "pack.sh: WARNING: no ../shared/data/cifar10-subset.npz here; accuracy_gpu's CIFAR runs will fail there" >&2
