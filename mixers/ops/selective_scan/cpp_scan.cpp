@@ -241,17 +241,13 @@ struct Block {
     }
   }
 
-  // The step's dt (Prologue: delta's bias and softplus applied here; the backward's delta is already effective)
-  // and dt * u, from the step's rows of the u and delta windows; zero past nd.
-  template <bool Prologue>
+  // The step's dt (delta's bias and softplus applied here, in the forward and the backward alike) and dt * u,
+  // from the step's rows of the u and delta windows; zero past nd.
   void load(const T* ur, const T* dr, T* dt, T* du) const {
 #pragma omp simd
     for (int64_t c = 0; c < kBlock; ++c) {
-      T v = dr[c];
-      if constexpr (Prologue) {
-        const T pre = v + bias[c];
-        v = (softplus ? softplus_lane(pre) : pre) * mask[c];
-      }
+      const T pre = dr[c] + bias[c];
+      const T v = (softplus ? softplus_lane(pre) : pre) * mask[c];
       dt[c] = v;
       du[c] = v * ur[c];
     }
@@ -295,7 +291,7 @@ void forward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm
       if (z) blk.gather(z, z_strides, tile, zw);
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.template load<true>(uw + o, dw + o, dt, du);
+        blk.load(uw + o, dw + o, dt, du);
         blk.template step<false, true>(dt, du, Bm + blk.bc(t), Cm + blk.bc(t), h.data(), nullptr, core);
         blk.store(core, uw + o, z ? zw + o : nullptr, yw + o);
       }
@@ -333,7 +329,7 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
       blk.gather(delta, nullptr, tile, dw);
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.template load<true>(uw + o, dw + o, dt, du);
+        blk.load(uw + o, dw + o, dt, du);
         blk.template step<false, false>(dt, du, Bm + blk.bc(t), nullptr, h.data(), nullptr, nullptr);
       }
     }
@@ -348,13 +344,13 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
       std::memcpy(h.data(), &starts[ti * W], W * sizeof(T));
       for (int64_t k = 0; k < tile.size(); ++k) {  // recompute the tile's states, decays and core outputs
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.template load<true>(uw + o, dw + o, dt, du);
+        blk.load(uw + o, dw + o, dt, du);
         blk.template step<true, true>(dt, du, Bm + blk.bc(t), Cm + blk.bc(t), h.data(), &as[k * W], cw + o);
         std::memcpy(&hs[k * W], h.data(), W * sizeof(T));
       }
       for (int64_t k = tile.size() - 1; k >= 0; --k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.template load<true>(uw + o, dw + o, dt, du);
+        blk.load(uw + o, dw + o, dt, du);
         const T* ur = uw + o;
         const T* dyr = gw + o;
 #pragma omp simd
