@@ -323,8 +323,9 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
       *dzw = ddw + V;
     T dt[kBlock], du[kBlock], sgb[kBlock], sdd[kBlock], gy[kBlock], dD[kBlock] = {}, dbias[kBlock] = {};
     for (int64_t ti = 0; ti < tiles; ++ti) {  // states at tile starts
-      const Tile tile(ti, L, reverse);
       std::memcpy(&starts[ti * W], h.data(), W * sizeof(T));
+      if (ti + 1 == tiles) break;  // the last tile's own steps lead to no start: at L <= kChunk, no pass at all
+      const Tile tile(ti, L, reverse);
       blk.gather(u, nullptr, tile, uw);
       blk.gather(delta, nullptr, tile, dw);
       for (int64_t k = 0; k < tile.size(); ++k) {
