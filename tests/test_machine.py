@@ -61,12 +61,18 @@ def _environment(p: Point) -> dict:
 
     import torch
 
-    return {"status": "ok", "omp": os.environ.get("OMP_WAIT_POLICY", ""), "threads": torch.get_num_threads()}
+    from experiments.sweep.isolation import MALLOC_ENV
+
+    return {"status": "ok", "omp": os.environ.get("OMP_WAIT_POLICY", ""), "threads": torch.get_num_threads(),
+            "malloc": {name: os.environ.get(name) for name in MALLOC_ENV}}
 
 
-def test_points_run_with_passive_openmp_waits() -> None:
+def test_points_run_with_passive_openmp_waits_and_fixed_malloc_thresholds() -> None:
+    from experiments.sweep.isolation import MALLOC_ENV
+
     row = run_isolated(_environment, point(), 60)
     assert row["omp"] == "PASSIVE", row
+    assert row["malloc"] == MALLOC_ENV, row
 
 
 def test_a_sweep_row_records_threads_and_load(tmp_path: Path) -> None:

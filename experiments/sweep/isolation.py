@@ -88,6 +88,15 @@ def _failure_status(error: BaseException, point: Point) -> str:
     return "oom" if is_out_of_memory(error, bool(point.memory_limit_mb)) else "error"
 
 
+# glibc's malloc, as the fork server's points inherit it: freed blocks under 32 MiB stay in the heap, and the heap
+# keeps up to 256 MiB of free space, instead of glibc's own thresholds, which move with what the process happened
+# to free before. Left to them, a model whose forward frees many mid-sized tensors (mamba's, at 1,024 tokens)
+# gave its pages back after every call and faulted them in again on the next, so it was timed slower in a fresh
+# process than after another model had run (results/README.md, "Measurement protocol"). A value the user set is
+# kept; other C libraries ignore these names.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(256 * 2**20)}
+
+
 @lru_cache(maxsize=1)
 def _context() -> mp.context.BaseContext:
     if "forkserver" not in mp.get_all_start_methods():
@@ -96,6 +105,8 @@ def _context() -> mp.context.BaseContext:
     # waiting OpenMP threads sleep instead of spinning, which on a busy machine took the core from the thread
     # they waited for (experiments/sweep/machine.py). A value the user set is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    for name, value in MALLOC_ENV.items():
+        os.environ.setdefault(name, value)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["experiments.measure.run"])
     return ctx

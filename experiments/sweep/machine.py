@@ -6,6 +6,8 @@ ran a training epoch 4x slower than on a quiet machine, and 2.5x slower than one
 
 - sets `OMP_WAIT_POLICY=PASSIVE` for its workers (isolation.py, before the fork server starts), so a waiting
   thread sleeps instead of taking the core from the thread it waits for;
+- fixes glibc's malloc thresholds for its workers (isolation.py's `MALLOC_ENV`), so a point is not timed slower
+  for the page faults of a heap that glibc trims after every call;
 - runs each CPU point on the cores that were free when the sweep started (`num_threads = 0`);
 - keeps a user's `timeout_s` as each point's limit; where none was given (0), gives each point a limit relative to
   its predicted cost on this machine at this load (a calibrated matmul rate), never less than `AUTOMATIC_FLOOR_S`;
