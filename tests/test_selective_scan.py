@@ -389,6 +389,15 @@ def test_cpp_loop_builds_without_openmp_where_openmp_fails(monkeypatch: pytest.M
         torch.testing.assert_close(g_threads, g_omp, rtol=1e-5, atol=1e-6, msg=f"d/d{name} differs")
 
 
+@pytest.mark.parametrize(("capability", "isa"), [("AVX512", "avx512"), ("AVX2", "avx2"), ("DEFAULT", "baseline")])
+def test_cpp_loop_builds_for_the_widest_vectors_torch_found(monkeypatch: pytest.MonkeyPatch, capability: str,
+                                                            isa: str) -> None:
+    """The build follows torch's own CPU dispatch, and its name says which, so a cache shared by two CPUs never
+    loads the other's build."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert cpp_scan._vector_isa()[0] == isa
+
+
 @pytest.mark.parametrize("mixer_name", ["mamba", "vmamba"])
 def test_ssm_mixers_hand_the_scan_contiguous_rows(mixer_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both SSM mixers give the scan delta, B and C contiguous along L (issue 34 item 7): the kernels read rows

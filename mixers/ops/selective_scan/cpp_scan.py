@@ -45,8 +45,8 @@ def _vector_isa() -> tuple[str, list[str]]:
     so a home folder shared by different CPUs never loads a build it cannot run.
 
     AVX-512 is taken where there is one: a block's 16 channels are then one vector, and even on AMD's Zen 4, which
-    splits a 512-bit operation in two, the forward at long L ran faster than the AVX2 build (timed with
-    `experiments.bench.scan`; the exactness tests are the same for every build).
+    splits a 512-bit operation in two, the forward at long L ran faster than the AVX2 build (both timed side by
+    side on one quiet machine; the exactness tests are the same for every build).
     """
     capability = torch.backends.cpu.get_cpu_capability()
     if capability == "AVX512":
