@@ -197,6 +197,24 @@ def bench_cuda(
     return rows
 
 
+_TABLE_HEAD = (f"| {'L':>6} | {'implementation':<30} | {'pass':<7} | {'median ms':>9} | {'IQR ms':>7} | "
+               f"{'vs torch_stream':>15} | {'max rel err vs float64':>22} |\n"
+               f"|{'-' * 8}|{'-' * 32}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 17}|{'-' * 24}|")
+
+
+def _table_lines(rows: list[dict[str, object]], skip_float64: bool) -> list[str]:
+    """One length's rows as lines of the printed table, each with its speed-up over torch_stream at that length."""
+    stepped = {r["pass"]: r["median_ms"] for r in rows if r["implementation"] == "torch_stream (op)"}
+    lines = []
+    for r in rows:
+        base = stepped.get(r["pass"])
+        speedup = f"{base / r['median_ms']:.1f}x" if base else "n/a"
+        err = "skipped" if skip_float64 else f"{r['max_rel_err_vs_float64']:.1e}"
+        lines.append(f"| {r['length']:>6} | {r['implementation']:<30} | {r['pass']:<7} | {r['median_ms']:9.1f} | "
+                     f"{r['iqr_ms']:7.1f} | {speedup:>15} | {err:>22} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(
         prog="python -m experiments.bench.scan",
@@ -267,8 +285,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"selective scan, B={args.batch} D={args.channels} N={args.d_state}, L = {', '.join(map(str, lengths))}, "
           f"fp32, with D, z, delta_bias, softplus; torch {torch.__version__}, {args.num_threads} thread(s)")
     print(provenance_line(prov) + "\n")
+    print(_TABLE_HEAD, flush=True)
     rows = []
     for length in lengths:
+        first = len(rows)
         inputs = make_inputs(args.batch, args.channels, length, args.d_state, args.seed)
         dy = torch.randn(args.batch, args.channels, length, generator=torch.Generator().manual_seed(args.seed + 1))
         exact = None
@@ -301,19 +321,13 @@ def main(argv: list[str] | None = None) -> None:
             for pass_name, (ms, iqr) in times.items():
                 rows.append({"length": length, "implementation": name, "pass": pass_name, "median_ms": ms,
                              "iqr_ms": iqr, "max_rel_err_vs_float64": error})
+        # Each length is printed and saved as soon as it is done: --long's 16K with the float64 reference ran past
+        # 20 minutes on 2 cores, and a run stopped there had shown and kept nothing.
+        write_rows(csv_path, [{**row, "dtype": "fp32", "num_threads": args.num_threads, "channels": args.channels,
+                               "d_state": args.d_state, "batch": args.batch, **prov} for row in rows])
+        for line in _table_lines(rows[first:], args.skip_float64):
+            print(line, flush=True)
 
-    write_rows(csv_path, [{**row, "dtype": "fp32", "num_threads": args.num_threads, "channels": args.channels,
-                           "d_state": args.d_state, "batch": args.batch, **prov} for row in rows])
-    stepped = {(r["length"], r["pass"]): r["median_ms"] for r in rows if r["implementation"] == "torch_stream (op)"}
-    print(f"| {'L':>6} | {'implementation':<30} | {'pass':<7} | {'median ms':>9} | {'IQR ms':>7} | "
-          f"{'vs torch_stream':>15} | {'max rel err vs float64':>22} |")
-    print(f"|{'-' * 8}|{'-' * 32}|{'-' * 9}|{'-' * 11}|{'-' * 9}|{'-' * 17}|{'-' * 24}|")
-    for r in rows:
-        base = stepped.get((r["length"], r["pass"]))
-        speedup = f"{base / r['median_ms']:.1f}x" if base else "n/a"
-        err = "skipped" if args.skip_float64 else f"{r['max_rel_err_vs_float64']:.1e}"
-        print(f"| {r['length']:>6} | {r['implementation']:<30} | {r['pass']:<7} | {r['median_ms']:9.1f} | "
-              f"{r['iqr_ms']:7.1f} | {speedup:>15} | {err:>22} |")
     print("\nmax rel err: the largest of max |a - ref| / max |ref| over y and the gradient of every input, against "
           "the float64 reference loop")
     print(f"median of per-case IQR/median: {statistics.median(r['iqr_ms'] / r['median_ms'] for r in rows):.2f} "
