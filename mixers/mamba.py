@@ -5,18 +5,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_positive_option, check_tokens
 from .registry import register_mixer
-from .ops.selective_scan import (
-    NATIVE_REVERSE_IMPLS,
-    SCAN_IMPLS,
-    resolve_scan_impl,
-    selective_scan,
-    selective_scan_flops,
-)
+from .ops.selective_scan import SCAN_IMPLS, selective_scan, selective_scan_flops
+from .ops.token_conv import depthwise_conv_tokens, depthwise_conv_tokens_macs
 
 
 def _scan_param(p: Tensor) -> Tensor:
@@ -32,9 +26,15 @@ class VimMixer(TokenMixer):
     the gate z; each direction has its own depthwise causal conv, `x_proj` (to dt, B, C), `dt_proj`, `A_log` and
     `D`, the backward direction suffixed `_b` as in Vim so state dicts line up; the backward direction is Vim's
     scan of the flipped sequence (z flipped with it), flipped back; `out_proj((y_fwd + y_bwd) / 2)`.
-    Initialisation follows mamba-ssm's `Mamba`. Where the scan reads sequences backwards itself (`triton`), the
-    backward direction runs on the unflipped x and z, its conv anti-causal, and nothing is flipped; elsewhere x, z
-    and the output are flipped as Vim does. Both give the same result (tests/test_selective_scan_triton.py).
+    Initialisation follows mamba-ssm's `Mamba`. The backward direction runs on the unflipped x and z, its conv
+    anti-causal and its scan reading the sequence backwards (natively in `triton` and `cpp_loop`, by flipping the
+    scan's inputs and output in `selective_scan` elsewhere): Vim's flip, scan, flip back, with nothing flipped
+    where the kernel reads backwards (tests/test_selective_scan_triton.py checks the two agree).
+
+    Everything stays time-major (B, L, channels), as the projections give and take it: the conv is a sum of
+    shifted rows (`depthwise_conv_tokens`), the scan gets (B, channels, L) views, and the kernels that read rows
+    along L get them contiguous from `selective_scan`. On the CPU the channel-major copies took about a fifth of
+    the mixer's time.
 
     Args:
         dim: token channels C (Mamba's `d_model`).
@@ -110,7 +110,8 @@ class VimMixer(TokenMixer):
         self.out_proj = nn.Linear(self.d_inner, dim, bias=bias)
 
     def _make_conv(self, conv_bias: bool) -> nn.Conv1d:
-        """Depthwise conv, padded d_conv - 1 on both sides; `_direction` crops the right end to make it causal."""
+        """Depthwise conv as Vim holds it (padding d_conv - 1, which `_direction` makes causal by taking d_conv - 1
+        taps before each step); its weight and bias are what `_direction` reads."""
         return nn.Conv1d(
             self.d_inner, self.d_inner, self.d_conv, padding=self.d_conv - 1, groups=self.d_inner, bias=conv_bias
         )
@@ -155,34 +156,28 @@ class VimMixer(TokenMixer):
         D: Tensor,
         reverse: bool = False,
     ) -> Tensor:
-        """One direction of the block on x, z of shape (B, d_inner, L); returns the gated scan output, same shape.
+        """One direction of the block on time-major x, z (B, L, d_inner); returns the gated scan output as a
+        (B, d_inner, L) tensor (time-major in memory where the scan keeps its input's layout).
 
         `reverse` runs the direction from the last token to the first without flipping: the conv becomes
         anti-causal (Vim's causal conv of the flipped sequence, flipped back, is the conv with its taps reversed
-        and the left padding cropped) and the scan reads the sequence backwards.
+        reaching forwards) and the scan reads the sequence backwards.
         """
-        length = x.shape[-1]
         if reverse:
-            x = F.conv1d(x, conv1d.weight.flip(-1), conv1d.bias, padding=self.d_conv - 1, groups=self.d_inner)
-            x = F.silu(x[..., self.d_conv - 1 :])  # (B, d_inner, L): anti-causal, the left padding cropped
+            u = depthwise_conv_tokens(x, conv1d.weight.flip(-1), conv1d.bias, left=0)
         else:
-            x = F.silu(conv1d(x)[..., :length])  # (B, d_inner, L): causal, the right padding cropped
-        x_dbl = x_proj(rearrange(x, "b d l -> b l d"))  # (B, L, dt_rank + 2 N)
+            u = depthwise_conv_tokens(x, conv1d.weight, conv1d.bias, left=self.d_conv - 1)
+        u = F.silu(u)  # (B, L, d_inner)
+        x_dbl = x_proj(u)  # (B, L, dt_rank + 2 N)
         dt, B, C = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
         # dt_proj's bias is applied inside the scan (before softplus), as Mamba does.
-        # Contiguous along L, once here: the kernels read each (channel, state) row along L (the Triton scan's
-        # coalesced tiles assume it) and would otherwise copy or stride per access.
-        delta = rearrange(F.linear(dt, dt_proj.weight), "b l d -> b d l").contiguous()  # (B, d_inner, L)
-        B = rearrange(B, "b l n -> b n l").contiguous()  # (B, N, L)
-        C = rearrange(C, "b l n -> b n l").contiguous()  # (B, N, L)
+        delta = F.linear(dt, dt_proj.weight)  # (B, L, d_inner)
         y, self.impl = selective_scan(
-            x,
-            delta,
+            *(t.transpose(1, 2) for t in (u, delta)),  # (B, d_inner, L) views
             -torch.exp(_scan_param(A_log)),
-            B,
-            C,
+            *(t.transpose(1, 2) for t in (B, C)),  # (B, N, L) views
             _scan_param(D),
-            z,
+            z.transpose(1, 2),
             delta_bias=_scan_param(dt_proj.bias),
             delta_softplus=True,
             impl=self.scan_impl,
@@ -193,27 +188,23 @@ class VimMixer(TokenMixer):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Mixes `x` (B, N, C) over its N tokens in row-major grid order; the grid shape is otherwise unused."""
         check_tokens(x, grid)
-        xz = rearrange(self.in_proj(x), "b l d -> b d l")  # (B, 2 d_inner, L)
-        x_in, z = xz.chunk(2, dim=1)  # (B, d_inner, L) each
+        x_in, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, d_inner) views each
         y_fwd = self._direction(x_in, z, self.conv1d, self.x_proj, self.dt_proj, self.A_log, self.D)
-        backward = (self.conv1d_b, self.x_proj_b, self.dt_proj_b, self.A_b_log, self.D_b)
-        if resolve_scan_impl(self.scan_impl, x_in.device, x_in.dtype) in NATIVE_REVERSE_IMPLS:
-            y_bwd = self._direction(x_in, z, *backward, reverse=True)
-        else:
-            y_bwd = self._direction(x_in.flip(-1), z.flip(-1), *backward).flip(-1)
+        y_bwd = self._direction(x_in, z, self.conv1d_b, self.x_proj_b, self.dt_proj_b, self.A_b_log, self.D_b,
+                                reverse=True)
         y = (y_fwd + y_bwd) / 2  # (B, d_inner, L)
-        return self.out_proj(rearrange(y, "b d l -> b l d"))  # (B, L, C)
+        return self.out_proj(y.transpose(1, 2))  # (B, L, C)
 
     def macs(self, grid: Grid) -> int:
         """Forward MACs for one image: projections, both convs, both scans (4.5 L D N each).
 
-        The conv runs with padding d_conv - 1 on both sides and its last d_conv - 1 outputs are cropped, so it
-        computes L + d_conv - 1 outputs, each d_conv MACs per channel; biases and element-wise work are not counted.
+        Each conv computes its L outputs, d_conv MACs each per channel; biases and element-wise work are not
+        counted.
         """
         L = grid[0] * grid[1]
         d_inner, N = self.d_inner, self.d_state
         in_proj = L * self.dim * 2 * d_inner
-        conv = (L + self.d_conv - 1) * self.d_conv * d_inner
+        conv = depthwise_conv_tokens_macs(1, L, d_inner, self.d_conv)
         x_proj = L * d_inner * (self.dt_rank + 2 * N)
         dt_proj = L * self.dt_rank * d_inner
         scan = selective_scan_flops(1, d_inner, L, N) // 2

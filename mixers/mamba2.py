@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from .base import Grid, TokenMixer, check_tokens
 from .ops.precision import autocast_off
 from .ops.ssd import chunk_ssd, chunk_ssd_macs
+from .ops.token_conv import depthwise_conv_tokens
 from .registry import register_mixer
 
 
@@ -133,8 +134,9 @@ class HydraMixer(TokenMixer):
         batch, N, H = x.shape[0], self.d_state, self.nheads
         compute = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 tests
         z, xbc, dt = torch.split(self.in_proj(x), [self.d_inner, self.d_inner + 4 * N, 2 * H], dim=-1)
-        xbc = F.silu(self.conv1d(rearrange(xbc, "b l d -> b d l")))  # (B, d_inner + 4 N, L)
-        u, bc_fwd, bc_bwd = torch.split(rearrange(xbc, "b d l -> b l d"), [self.d_inner, 2 * N, 2 * N], dim=-1)
+        # The centred conv on the time-major rows as they come (no channel-major copies, see token_conv.py).
+        xbc = F.silu(depthwise_conv_tokens(xbc, self.conv1d.weight, self.conv1d.bias, self.d_conv // 2))
+        u, bc_fwd, bc_bwd = torch.split(xbc, [self.d_inner, 2 * N, 2 * N], dim=-1)  # (B, L, *) each
         dt_fwd, dt_bwd = dt.chunk(2, dim=-1)  # (B, L, H) each
         # The backward direction is the causal SSD of the flipped sequence, stacked onto the batch: one call runs both.
         u_both = torch.cat([u, u.flip(1)])  # (2B, L, d_inner)

@@ -10,6 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from mixers.base import CUSTOM_OP_MACS
+import mixers.ops.selective_scan as scan_module
 from mixers.ops.selective_scan import cpp_scan
 from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason
 from mixers.ops.selective_scan import (
@@ -324,6 +325,42 @@ def test_cpp_loop_reads_a_strided_gate_in_place() -> None:
 
 
 @needs_cpp
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cpp_loop_reads_time_major_views_as_it_reads_copies(reverse: bool) -> None:
+    """u, delta, z, B and C as Mamba hands them (time-major views, a step's channels or states adjacent; z and B,
+    C slices of wider rows) give exactly what contiguous copies give, y and every gradient, with y, du, ddelta and
+    dz time-major as their inputs (200 steps: more than one tile)."""
+    inputs = make_inputs(batch=2, channels=20, length=200, d_state=4)
+    rows = torch.randn(2, 200, 20 + 2 * 4 + 20)  # (B, L, D + 2 N + D): delta, B, C and z side by side
+    rows[..., :20] = inputs["delta"].transpose(1, 2)
+    rows[..., 20:24] = inputs["B"].transpose(1, 2)
+    rows[..., 24:28] = inputs["C"].transpose(1, 2)
+    rows[..., 28:] = inputs["z"].transpose(1, 2)
+    views = {"u": inputs["u"].transpose(1, 2).contiguous().transpose(1, 2), "delta": rows[..., :20].transpose(1, 2),
+             "B": rows[..., 20:24].transpose(1, 2), "C": rows[..., 24:28].transpose(1, 2),
+             "z": rows[..., 28:].transpose(1, 2)}
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+
+    def run(given: dict) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        leaves = {k: given[k].detach().clone() if k not in views else given[k].detach() for k in names}
+        leaves = {k: v.requires_grad_() for k, v in leaves.items()}
+        y, _ = selective_scan(**{**given, **leaves}, impl="cpp_loop", reverse=reverse)
+        dy = torch.empty_like(y).copy_(dy_values)  # the same values, laid out as y (as autograd hands them)
+        return y, torch.autograd.grad(y, list(leaves.values()), dy)
+
+    dy_values = torch.randn(inputs["u"].shape)
+
+    y_views, grads_views = run({**inputs, **views})
+    y_copies, grads_copies = run(inputs)
+    assert y_views.stride() == views["u"].stride()
+    assert torch.equal(y_views, y_copies)
+    for name, g_views, g_copies in zip(names, grads_views, grads_copies):
+        assert torch.equal(g_views, g_copies), f"d/d{name} differs"
+        if name in ("u", "delta", "z"):  # time-major as their inputs (dense, where delta and z were slices)
+            assert g_views.stride(1) == 1 and g_views.is_contiguous() is False, (name, g_views.stride())
+
+
+@needs_cpp
 @pytest.mark.parametrize("name,shape", [("z", (2, 6, 1)), ("delta", (2, 6, 32)), ("D", (1,)), ("B", (2, 5, 32)),
                                         ("delta_bias", (7,))])
 def test_cpp_loop_refuses_shapes_it_would_read_past(name: str, shape: tuple[int, ...]) -> None:
@@ -340,7 +377,9 @@ def test_cpp_loop_opcheck() -> None:
     inputs = make_inputs(length=7, d_state=3)
     args = tuple(inputs.values())
     grad_args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
-    for sample in (args, grad_args, (*args[:5], None, None, None, False)):
+    time_major = tuple(a.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() if i in (0, 1, 3, 4, 6)
+                       else a for i, a in enumerate(grad_args))  # u, delta, B, C, z as Mamba's views
+    for sample in (args, grad_args, (*args[:5], None, None, None, False), time_major):
         for reverse in (False, True):
             torch.library.opcheck(torch.ops.mixerbench.selective_scan_cpp.default, (*sample, reverse))
 
@@ -398,25 +437,60 @@ def test_cpp_loop_builds_for_the_widest_vectors_torch_found(monkeypatch: pytest.
     assert cpp_scan._vector_isa()[0] == isa
 
 
-@pytest.mark.parametrize("mixer_name", ["mamba", "vmamba"])
-def test_ssm_mixers_hand_the_scan_contiguous_rows(mixer_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both SSM mixers give the scan delta, B and C contiguous along L (issue 34 item 7): the kernels read rows
-    along L, and the Triton scan's coalesced tiles assume it."""
-    import importlib
-
-    from mixers import create_mixer
-
-    module = importlib.import_module(f"mixers.{mixer_name}")
+def _record_scan_inputs(module, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, torch.Tensor]]:
+    """The u, delta, B, C every `selective_scan` call of `module` is handed, recorded as they come."""
     seen = []
 
     def recording_scan(u, delta, A, B, C, *args, **kwargs):
-        seen.append({name: t.is_contiguous() for name, t in (("u", u), ("delta", delta), ("B", B), ("C", C))})
+        seen.append({"u": u, "delta": delta, "B": B, "C": C})
         return selective_scan(u, delta, A, B, C, *args, **kwargs)
 
     monkeypatch.setattr(module, "selective_scan", recording_scan)
-    mixer = create_mixer(mixer_name, 16, 2)
-    mixer(torch.randn(2, 3 * 5, 16), (3, 5))
-    assert seen and all(all(flags.values()) for flags in seen), seen
+    return seen
+
+
+def test_mamba_hands_the_cpu_scan_time_major_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mamba hands the scan its projections as they come, time-major (a step's channels or states adjacent), with
+    no copy to channel-major: the C++ loop reads that layout, and the copies cost a fifth of the mixer's time."""
+    import mixers.mamba
+    from mixers import create_mixer
+
+    seen = _record_scan_inputs(mixers.mamba, monkeypatch)
+    create_mixer("mamba", 16, 2)(torch.randn(2, 3 * 5, 16), (3, 5))
+    assert len(seen) == 2
+    for call in seen:
+        assert all(t.stride(1) == 1 and t.stride(2) > 1 for t in call.values()), {k: t.stride() for k, t in call.items()}
+
+
+def test_vmamba_hands_the_scan_contiguous_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vmamba gives the scan delta, B and C contiguous along L (issue 34 item 7)."""
+    import mixers.vmamba
+    from mixers import create_mixer
+
+    seen = _record_scan_inputs(mixers.vmamba, monkeypatch)
+    create_mixer("vmamba", 16, 2)(torch.randn(2, 3 * 5, 16), (3, 5))
+    assert seen and all(t.is_contiguous() for call in seen for t in call.values())
+
+
+@pytest.mark.parametrize("impl", ["mamba_ssm_cuda", "triton"])
+def test_gpu_scans_get_rows_along_time_whatever_the_layout(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU kernels read each (channel, state) row along L in coalesced tiles (issue 34 item 7): handed
+    time-major views, as Mamba's, they get u, delta, B and C contiguous along L from the dispatch."""
+    seen = []
+
+    def kernel(u, delta, A, B, C, *args):
+        seen.append((u, delta, B, C))
+        return torch.zeros_like(u), None
+
+    if impl == "mamba_ssm_cuda":
+        monkeypatch.setattr(scan_module, "_mamba_ssm_selective_scan_fn", lambda: lambda *a: kernel(*a)[0])
+    else:
+        monkeypatch.setattr(torch.ops.mixerbench, "selective_scan_triton", kernel)
+    inputs = make_inputs(batch=2, channels=6, length=9, d_state=3)
+    for name in ("u", "delta", "B", "C"):  # time-major copies, handed as (B, *, L) views
+        inputs[name] = inputs[name].transpose(1, 2).contiguous().transpose(1, 2)
+    scan_module._scan(impl, *inputs.values(), reverse=False)
+    assert seen and all(t.stride(-1) == 1 for t in seen[0]), [t.stride() for t in seen[0]]
 
 
 def test_mamba_ssm_failing_with_other_than_import_error_falls_back(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

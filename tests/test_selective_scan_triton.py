@@ -155,7 +155,7 @@ def _mixer_results() -> dict:
 
     # One direction: _direction(reverse=True) on x, z against _direction on flipped x, z, flipped back.
     g = torch.Generator().manual_seed(3)
-    x, z = torch.randn(2, 2, mixer.d_inner, 13, generator=g).unbind(0)  # (B, d_inner, L) each
+    x, z = torch.randn(2, 2, 13, mixer.d_inner, generator=g).unbind(0)  # (B, L, d_inner) each, time-major
     backward = (mixer.conv1d_b, mixer.x_proj_b, mixer.dt_proj_b, mixer.A_b_log, mixer.D_b)
     results = []
     for native in (True, False):
@@ -163,7 +163,7 @@ def _mixer_results() -> dict:
         if native:
             y = mixer._direction(x_leaf, z_leaf, *backward, reverse=True)
         else:
-            y = mixer._direction(x_leaf.flip(-1), z_leaf.flip(-1), *backward).flip(-1)
+            y = mixer._direction(x_leaf.flip(1), z_leaf.flip(1), *backward).flip(-1)  # y is (B, d_inner, L)
         params = [x_leaf, z_leaf, mixer.conv1d_b.weight, mixer.A_b_log, mixer.dt_proj_b.bias]
         results.append((y, *torch.autograd.grad(y.square().sum(), params)))
     names = ("y", "dx", "dz", "dconv_b", "dA_b_log", "ddt_bias_b")

@@ -31,7 +31,7 @@ MAX_TOKENS = 1 << 24  # a 4096 x 4096 grid; 2**30 tokens asked for a 768 GiB inp
 CLASSES = (
     ("scan", re.compile(r"selective_scan|_scan_(fwd|bwd|combine_splits)_kernel")),
     ("matmul", re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas|matmul|aten::(mm|bmm|addmm|baddbmm|linear)\b")),
-    ("conv", re.compile(r"convolution|aten::conv\dd|causal_conv|conv\w*_kernel")),
+    ("conv", re.compile(r"convolution|aten::conv\dd|causal_conv|conv\w*_kernel|depthwise_conv_tokens")),
     # anchored: CUDA's `unrolled_elementwise_kernel` (any non-contiguous or casting elementwise op) is no roll
     ("copy/layout", re.compile(r"copy|contiguous|clone|flip|aten::cat\b|catarraybatched|transpose|permute|memcpy"
                                r"|memset|fill|aten::index|index_select|gather|scatter|aten::roll\b|roll_cuda"

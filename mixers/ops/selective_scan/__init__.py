@@ -205,6 +205,9 @@ def selective_scan(
 ) -> tuple[Tensor, str]:
     """The selective scan through the chosen implementation; differentiable in every case.
 
+    The (B, *, L) inputs may have any strides: `cpp_loop` reads them as they are (Mamba hands it time-major views)
+    and lays y out as u; the GPU kernels get u, delta, B and C contiguous along L; the others copy as they need.
+
     Args:
         u, delta, A, B, C, D, z, delta_bias, delta_softplus: as `selective_scan_reference`; B and C may carry G
             channel groups, (B, G, N, L): `cpp_loop` takes them in one pass, the others run once per group.
@@ -247,9 +250,17 @@ def _scan_by_group(name: str, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C:
     return torch.cat(ys, dim=1)  # (B, D, L)
 
 
+def _rows_along_time(*ts: Tensor) -> tuple[Tensor, ...]:
+    """Each (B, *, L) tensor with L contiguous: as it is where it already is, else copied (once, here)."""
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in ts)
+
+
 def _scan(name: str, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
           delta_bias: Tensor | None, delta_softplus: bool, reverse: bool) -> Tensor:
     """y of the implementation `name` (already resolved) with B, C as that implementation takes them."""
+    if name in ("triton", "mamba_ssm_cuda"):
+        # Their tiles read each (channel, state) row along L coalesced; the CPU loop reads any layout.
+        u, delta, B, C = _rows_along_time(u, delta, B, C)
     if name == "triton":
         y, _ = torch.ops.mixerbench.selective_scan_triton(
             u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse

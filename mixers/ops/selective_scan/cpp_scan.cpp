@@ -4,11 +4,11 @@
 // cpp_scan.py calls it through ctypes. Threads are sized by the caller from torch's own count and are torch's
 // OpenMP pool where the build has OpenMP (see parallel_items).
 //
-// Layouts (row-major, contiguous): u, delta, y, dy, du, ddelta (Bt, D, L) as the model has them, staged a tile of
-// steps at a time into small step-major windows (see Block); A (D, N); Bm, Cm
-// (Bt, G, L, N), B and C transposed by the caller so a step reads N adjacent values (G = 1 for one B, C per
-// sequence); z (Bt, D, L) at any strides (Mamba's z is a view of the in_proj output, time-major: a copy to
-// channel-major took as long as the scan), delta_bias and Dskip (D,); each optional (null).
+// Layouts: u, delta, z, y, dy, du, ddelta, dz are (Bt, D, L) at any strides (`Strides`, one set per tensor), staged a
+// tile of steps at a time into small step-major windows (see Block). Mamba hands them time-major (views of its
+// (Bt, L, D) projections, a step's channels adjacent): channel-major copies of them cost as long as the scan.
+// Bm, Cm are (Bt, G, L, N) at any batch, group and time strides with a step's N values adjacent (G = 1 for one B,
+// C per sequence); A (D, N), delta_bias and Dskip (D,) contiguous; z, delta_bias and Dskip optional (null).
 //
 // The forward applies delta's bias and softplus as it loads a step and the D skip and the z gate as it stores one,
 // so the element-wise work around the scan costs no passes over memory of its own (in PyTorch they took about as
@@ -113,6 +113,14 @@ constexpr int64_t kBlock = 16;
 // backward recomputes and holds at once (a (kChunk, N, kBlock) buffer).
 constexpr int64_t kChunk = 64;
 
+// Strides of a tensor in elements: (batch, channel, time) for the (Bt, D, L) ones, (batch, group, time) for B and C.
+struct Strides {
+  int64_t b, d, t;
+};
+// The tensors' places in the strides array the entry points take.
+enum Slot : int { kU, kDelta, kZ, kB, kC, kY, kDy, kDu, kDdelta, kDz, kSlots };
+static_assert(sizeof(Strides) == 3 * sizeof(int64_t), "the entry points pass strides as int64 triples");
+
 // groups: B and C are (Bt, G, L, N) and channel d reads group d / (D / G) (mamba-ssm's "variable B" groups; vmamba
 // stacks its four directions so). Blocks never straddle a group.
 struct Shape {
@@ -190,6 +198,7 @@ struct Tile {
 template <class T>
 struct Block {
   const Shape& s;
+  const Strides* st;  // kSlots sets
   int64_t b, g, d0, nd;
   T A[kBlock * 64];  // A transposed to (N, kBlock); N <= 64 here, larger N takes the heap copy below
   std::vector<T> A_heap;
@@ -199,9 +208,9 @@ struct Block {
   T mask[kBlock] = {};  // 1 for the block's channels, 0 past nd
   bool softplus = false;
 
-  Block(const Shape& shape, int64_t item, const T* A_in, const T* delta_bias = nullptr, const T* D_in = nullptr,
-        bool softplus_in = false)
-      : s(shape), softplus(softplus_in) {
+  Block(const Shape& shape, const Strides* strides, int64_t item, const T* A_in, const T* delta_bias = nullptr,
+        const T* D_in = nullptr, bool softplus_in = false)
+      : s(shape), st(strides), softplus(softplus_in) {
     b = item / s.blocks();
     const int64_t in_batch = item % s.blocks(), gc = s.group_channels();
     g = in_batch / s.blocks_per_group();
@@ -219,26 +228,36 @@ struct Block {
       mask[c] = T(1);
     }
   }
-  int64_t bc(int64_t t) const { return ((b * s.groups + g) * s.length + t) * s.d_state; }  // into (Bt, G, L, N)
+  // Step t's N values of B or C (slot kB, kC).
+  int64_t bc(Slot slot, int64_t t) const { return b * st[slot].b + g * st[slot].d + t * st[slot].t; }
+  // Step t's row of the per-thread gradients of B and C, contiguous (Bt, G, L, N).
+  int64_t part(int64_t t) const { return ((b * s.groups + g) * s.length + t) * s.d_state; }
 
-  // The tile's steps of the block's channels of src, strides (batch, channel, time) in elements, into the window
-  // w (kChunk, kBlock); lanes past nd are 0. Contiguous (Bt, D, L) tensors pass strides = nullptr.
-  void gather(const T* src, const int64_t* strides, const Tile& tile, T* w) const {
-    const int64_t L = s.length;
-    const int64_t sb = strides ? strides[0] : s.channels * L, sc = strides ? strides[1] : L,
-                  st = strides ? strides[2] : 1;
-    for (int64_t c = 0; c < kBlock; ++c) {
-      const T* r = src + b * sb + (d0 + c) * sc;
-      for (int64_t j = 0; j < tile.size(); ++j) w[j * kBlock + c] = c < nd ? r[(tile.t0 + j) * st] : T(0);
+  // The tile's steps of the block's channels of the tensor in `slot` into the window w (kChunk, kBlock); lanes past
+  // nd are 0. The loops follow the memory: a row of channels per step where channels are adjacent (time-major),
+  // a run of steps per channel where steps are.
+  void gather(const T* src, Slot slot, const Tile& tile, T* w) const {
+    const Strides& x = st[slot];
+    const T* base = src + b * x.b + d0 * x.d + tile.t0 * x.t;
+    if (x.d == 1) {
+      for (int64_t j = 0; j < tile.size(); ++j)
+        for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = c < nd ? base[j * x.t + c] : T(0);
+      return;
     }
+    for (int64_t c = 0; c < kBlock; ++c)
+      for (int64_t j = 0; j < tile.size(); ++j) w[j * kBlock + c] = c < nd ? base[c * x.d + j * x.t] : T(0);
   }
-  // The window w back to the tile's steps of the block's channels of a contiguous (Bt, D, L) dst.
-  void scatter(const T* w, const Tile& tile, T* dst) const {
-    const int64_t L = s.length;
-    for (int64_t c = 0; c < nd; ++c) {
-      T* r = dst + (b * s.channels + d0 + c) * L + tile.t0;
-      for (int64_t j = 0; j < tile.size(); ++j) r[j] = w[j * kBlock + c];
+  // The window w back to the tile's steps of the block's channels of the tensor in `slot`.
+  void scatter(const T* w, Slot slot, const Tile& tile, T* dst) const {
+    const Strides& x = st[slot];
+    T* base = dst + b * x.b + d0 * x.d + tile.t0 * x.t;
+    if (x.d == 1) {
+      for (int64_t j = 0; j < tile.size(); ++j)
+        for (int64_t c = 0; c < nd; ++c) base[j * x.t + c] = w[j * kBlock + c];
+      return;
     }
+    for (int64_t c = 0; c < nd; ++c)
+      for (int64_t j = 0; j < tile.size(); ++j) base[c * x.d + j * x.t] = w[j * kBlock + c];
   }
 
   // The step's dt (delta's bias and softplus applied here, in the forward and the backward alike) and dt * u,
@@ -276,26 +295,26 @@ struct Block {
 };
 
 template <class T>
-void forward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* delta_bias,
-             bool softplus, const T* D, const T* z, const int64_t* z_strides, T* y, bool reverse, int threads) {
+void forward(const Shape& s, const Strides* st, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
+             const T* delta_bias, bool softplus, const T* D, const T* z, T* y, bool reverse, int threads) {
   const int64_t L = s.length, tiles = (L + kChunk - 1) / kChunk, W = kChunk * kBlock;
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int) {
-    Block<T> blk(s, item, A, delta_bias, D, softplus);
+    Block<T> blk(s, st, item, A, delta_bias, D, softplus);
     std::vector<T> h(s.d_state * kBlock, T(0)), windows(4 * W);
     T *uw = windows.data(), *dw = uw + W, *zw = dw + W, *yw = zw + W;
     T dt[kBlock], du[kBlock], core[kBlock];
     for (int64_t ti = 0; ti < tiles; ++ti) {
       const Tile tile(ti, L, reverse);
-      blk.gather(u, nullptr, tile, uw);
-      blk.gather(delta, nullptr, tile, dw);
-      if (z) blk.gather(z, z_strides, tile, zw);
+      blk.gather(u, kU, tile, uw);
+      blk.gather(delta, kDelta, tile, dw);
+      if (z) blk.gather(z, kZ, tile, zw);
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
         blk.load(uw + o, dw + o, dt, du);
-        blk.template step<false, true>(dt, du, Bm + blk.bc(t), Cm + blk.bc(t), h.data(), nullptr, core);
+        blk.template step<false, true>(dt, du, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h.data(), nullptr, core);
         blk.store(core, uw + o, z ? zw + o : nullptr, yw + o);
       }
-      blk.scatter(yw, tile, y);
+      blk.scatter(yw, kY, tile, y);
     }
   });
 }
@@ -309,14 +328,13 @@ void forward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm
 // own slice of dA_part (threads, D, N), dB_part and dC_part (threads, Bt, G, L, N), dD_part and dbias_part
 // (threads, D), which the caller sums. dz is written where z is given.
 template <class T>
-void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* delta_bias,
-              bool softplus, const T* D, const T* z, const int64_t* z_strides, const T* dy, T* du_out,
-              T* ddelta_out, T* dA_part, T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz_out, bool reverse,
-              int threads) {
+void backward(const Shape& s, const Strides* st, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
+              const T* delta_bias, bool softplus, const T* D, const T* z, const T* dy, T* du_out, T* ddelta_out,
+              T* dA_part, T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz_out, bool reverse, int threads) {
   const int64_t N = s.d_state, L = s.length, W = N * kBlock, V = kChunk * kBlock;
   const int64_t tiles = (L + kChunk - 1) / kChunk;
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
-    Block<T> blk(s, item, A, delta_bias, D, softplus);
+    Block<T> blk(s, st, item, A, delta_bias, D, softplus);
     std::vector<T> starts(tiles * W), hs(kChunk * W), as(kChunk * W), h(W, T(0)), g(W, T(0)), dA(W, T(0));
     std::vector<T> windows(8 * V);
     T *uw = windows.data(), *dw = uw + V, *gw = dw + V, *zw = gw + V, *cw = zw + V, *duw = cw + V, *ddw = duw + V,
@@ -326,27 +344,27 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
       std::memcpy(&starts[ti * W], h.data(), W * sizeof(T));
       if (ti + 1 == tiles) break;  // the last tile's own steps lead to no start: at L <= kChunk, no pass at all
       const Tile tile(ti, L, reverse);
-      blk.gather(u, nullptr, tile, uw);
-      blk.gather(delta, nullptr, tile, dw);
+      blk.gather(u, kU, tile, uw);
+      blk.gather(delta, kDelta, tile, dw);
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
         blk.load(uw + o, dw + o, dt, du);
-        blk.template step<false, false>(dt, du, Bm + blk.bc(t), nullptr, h.data(), nullptr, nullptr);
+        blk.template step<false, false>(dt, du, Bm + blk.bc(kB, t), nullptr, h.data(), nullptr, nullptr);
       }
     }
     T* dB_t = dB_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
     T* dC_t = dC_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
     for (int64_t ti = tiles - 1; ti >= 0; --ti) {
       const Tile tile(ti, L, reverse);
-      blk.gather(u, nullptr, tile, uw);
-      blk.gather(delta, nullptr, tile, dw);
-      blk.gather(dy, nullptr, tile, gw);
-      if (z) blk.gather(z, z_strides, tile, zw);
+      blk.gather(u, kU, tile, uw);
+      blk.gather(delta, kDelta, tile, dw);
+      blk.gather(dy, kDy, tile, gw);
+      if (z) blk.gather(z, kZ, tile, zw);
       std::memcpy(h.data(), &starts[ti * W], W * sizeof(T));
       for (int64_t k = 0; k < tile.size(); ++k) {  // recompute the tile's states, decays and core outputs
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
         blk.load(uw + o, dw + o, dt, du);
-        blk.template step<true, true>(dt, du, Bm + blk.bc(t), Cm + blk.bc(t), h.data(), &as[k * W], cw + o);
+        blk.template step<true, true>(dt, du, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h.data(), &as[k * W], cw + o);
         std::memcpy(&hs[k * W], h.data(), W * sizeof(T));
       }
       for (int64_t k = tile.size() - 1; k >= 0; --k) {
@@ -370,10 +388,10 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
         const T* hk = &hs[k * W];
         const T* prev = k > 0 ? &hs[(k - 1) * W] : &starts[ti * W];
         const T* ak = &as[k * W];
-        const T* Bt = Bm + blk.bc(t);
-        const T* Ct = Cm + blk.bc(t);
-        T* dBr = dB_t + blk.bc(t);
-        T* dCr = dC_t + blk.bc(t);
+        const T* Bt = Bm + blk.bc(kB, t);
+        const T* Ct = Cm + blk.bc(kC, t);
+        T* dBr = dB_t + blk.part(t);
+        T* dCr = dC_t + blk.part(t);
         for (int64_t n = 0; n < N; ++n) {
           const int64_t o_n = n * kBlock;
           const T* An = blk.At + o_n;
@@ -405,9 +423,9 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
           duw[o + c] = sgb[c] * dt[c] + gy[c] * blk.skip[c];
         }
       }
-      blk.scatter(ddw, tile, ddelta_out);
-      blk.scatter(duw, tile, du_out);
-      if (z) blk.scatter(dzw, tile, dz_out);
+      blk.scatter(ddw, kDdelta, tile, ddelta_out);
+      blk.scatter(duw, kDu, tile, du_out);
+      if (z) blk.scatter(dzw, kDz, tile, dz_out);
     }
     T* dA_t = dA_part + static_cast<int64_t>(tid) * s.channels * N;
     T* dD_t = dD_part + static_cast<int64_t>(tid) * s.channels;
@@ -424,27 +442,26 @@ void backward(const Shape& s, const T* u, const T* delta, const T* A, const T* B
 
 extern "C" {
 
-int mixerbench_scan_abi_version() { return 6; }
+int mixerbench_scan_abi_version() { return 7; }
 
+// strides: kSlots x 3 int64 (see Slot and Strides), those of absent tensors unread.
 #define MIXERBENCH_SCAN_ENTRY(T, suffix)                                                                        \
   void mixerbench_scan_fwd_##suffix(int64_t batch, int64_t channels, int64_t length, int64_t d_state,         \
-                                    int64_t groups, const T* u, const T* delta, const T* A, const T* Bm,        \
-                                    const T* Cm, const T* delta_bias, int softplus, const T* D, const T* z,     \
-                                    int64_t z_sb, int64_t z_sd, int64_t z_sl, T* y, int reverse, int threads) {  \
-    const int64_t z_strides[3] = {z_sb, z_sd, z_sl};                                                           \
-    forward<T>(Shape{batch, channels, length, d_state, groups}, u, delta, A, Bm, Cm, delta_bias, softplus != 0,  \
-               D, z, z_strides, y, reverse != 0, threads);                                                     \
+                                    int64_t groups, const int64_t* strides, const T* u, const T* delta,         \
+                                    const T* A, const T* Bm, const T* Cm, const T* delta_bias, int softplus,    \
+                                    const T* D, const T* z, T* y, int reverse, int threads) {                   \
+    forward<T>(Shape{batch, channels, length, d_state, groups}, reinterpret_cast<const Strides*>(strides), u,   \
+               delta, A, Bm, Cm, delta_bias, softplus != 0, D, z, y, reverse != 0, threads);                   \
   }                                                                                                            \
   void mixerbench_scan_bwd_##suffix(int64_t batch, int64_t channels, int64_t length, int64_t d_state,         \
-                                    int64_t groups, const T* u, const T* delta, const T* A, const T* Bm,        \
-                                    const T* Cm, const T* delta_bias, int softplus, const T* D, const T* z,     \
-                                    int64_t z_sb, int64_t z_sd, int64_t z_sl, const T* dy, T* du, T* ddelta,    \
-                                    T* dA_part, T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz,       \
-                                    int reverse, int threads) {                                                \
-    const int64_t z_strides[3] = {z_sb, z_sd, z_sl};                                                           \
-    backward<T>(Shape{batch, channels, length, d_state, groups}, u, delta, A, Bm, Cm, delta_bias, softplus != 0, \
-                D, z, z_strides, dy, du, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part, dz,           \
-                reverse != 0, threads);                                                                        \
+                                    int64_t groups, const int64_t* strides, const T* u, const T* delta,         \
+                                    const T* A, const T* Bm, const T* Cm, const T* delta_bias, int softplus,    \
+                                    const T* D, const T* z, const T* dy, T* du, T* ddelta, T* dA_part,          \
+                                    T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz, int reverse,      \
+                                    int threads) {                                                             \
+    backward<T>(Shape{batch, channels, length, d_state, groups}, reinterpret_cast<const Strides*>(strides), u,  \
+                delta, A, Bm, Cm, delta_bias, softplus != 0, D, z, dy, du, ddelta, dA_part, dB_part, dC_part,   \
+                dD_part, dbias_part, dz, reverse != 0, threads);                                               \
   }
 
 MIXERBENCH_SCAN_ENTRY(float, f32)

@@ -31,7 +31,7 @@ from .naive import compute_dtype, grouped
 
 SOURCE = Path(__file__).with_name("cpp_scan.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
-ABI_VERSION = 6
+ABI_VERSION = 7
 # Set to 0 to never build or load the library (`auto` then picks `torch_stream` on the CPU).
 ENABLE_ENV = "MIXERBENCH_CPP_SCAN"
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -116,8 +116,9 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
 
 
 class _Inputs:
-    """The kernels' inputs, contiguous in the compute dtype: u, delta (B, D, L) as given (the kernels apply the bias
-    and softplus), A (D, N), B and C transposed to (B, G, L, N) so a time step reads N adjacent values.
+    """The kernels' inputs in the compute dtype: u, delta (B, D, L) at the strides given (the kernels apply the bias
+    and softplus, and read any layout; Mamba's are time-major views), A (D, N) contiguous, B and C (B, G, N, L) with
+    a time step's N values adjacent (as views of Mamba's x_proj output are; other layouts are copied so).
 
     The kernels read raw memory by these shapes, so the optional z (B, D, L), D and delta_bias (D,) are checked
     here too: a broadcastable z that PyTorch would have taken must not be read past its end.
@@ -143,17 +144,38 @@ class _Inputs:
                              + "; ".join(wrong))
         ct = compute_dtype(u)
         self.dtype = ct
-        self.u = u.to(ct).contiguous()  # (B, D, L)
-        self.delta = delta.to(ct).contiguous()  # (B, D, L)
+        self.u = u.to(ct)  # (B, D, L), its strides kept
+        self.delta = delta.to(ct)  # (B, D, L), its strides kept
         self.A = A.to(ct).contiguous()  # (D, N)
-        self.B = rearrange(grouped(B.to(ct)), "b g n l -> b g l n").contiguous()  # (B, G, L, N)
-        self.C = rearrange(grouped(C.to(ct)), "b g n l -> b g l n").contiguous()  # (B, G, L, N)
+        self.B = _states_adjacent(grouped(B.to(ct)))  # (B, G, N, L)
+        self.C = _states_adjacent(grouped(C.to(ct)))  # (B, G, N, L)
         self.shape = (batch, channels, length, d_state, groups)  # as checked above
         self.suffix = _CTYPE[ct]
 
-    def args(self) -> tuple:
+    def args(self, **others: Tensor | None) -> tuple:
+        """The entry points' leading arguments: the sizes, the strides of every (B, D, L) tensor (u, delta and
+        `others` by slot name: z, y, dy, du, ddelta, dz) and of B and C, then the pointers of u, delta, A, B, C."""
         sizes = tuple(ctypes.c_int64(s) for s in self.shape)
-        return (*sizes, *(_ptr(t) for t in (self.u, self.delta, self.A, self.B, self.C)))
+        strides = {"u": self.u.stride(), "delta": self.delta.stride(), "B": _bc_strides(self.B),
+                   "C": _bc_strides(self.C)}
+        strides.update({name: t.stride() for name, t in others.items() if t is not None})
+        flat = [s for slot in _SLOTS for s in strides.get(slot, (0, 0, 0))]
+        return (*sizes, (ctypes.c_int64 * len(flat))(*flat),
+                *(_ptr(t) for t in (self.u, self.delta, self.A, self.B, self.C)))
+
+
+# The order of cpp_scan.cpp's `Slot`: a (batch, channel or group, time) stride triple each.
+_SLOTS = ("u", "delta", "z", "B", "C", "y", "dy", "du", "ddelta", "dz")
+
+
+def _states_adjacent(t: Tensor) -> Tensor:
+    """B or C (B, G, N, L) with a step's N values adjacent (stride 1 along N), copied so only where they are not."""
+    return t if t.stride(2) == 1 or t.shape[2] == 1 else t.transpose(2, 3).contiguous().transpose(2, 3)
+
+
+def _bc_strides(t: Tensor) -> tuple[int, int, int]:
+    """B's or C's (batch, group, time) strides; along N it is 1 (`_states_adjacent`)."""
+    return t.stride(0), t.stride(1), t.stride(3)
 
 
 def _threads() -> ctypes.c_int:
@@ -169,11 +191,6 @@ def _lib() -> ctypes.CDLL:
 
 def _optional(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return None if t is None else t.to(dtype).contiguous()
-
-
-def _gate_args(z: Tensor | None) -> tuple:
-    """z's pointer and strides (batch, channel, time) in elements, for the kernel; zeros where there is no z."""
-    return (_ptr(z), *(ctypes.c_int64(s) for s in (z.stride() if z is not None else (0, 0, 0))))
 
 
 def selective_scan_cpp(
@@ -194,15 +211,15 @@ def selective_scan_cpp(
     Arguments as `selective_scan_reference`; CPU tensors, float64 computed in float64, others in float32.
 
     Returns:
-        y (B, D, L) in `u.dtype`, contiguous.
+        y (B, D, L) in `u.dtype`, laid out as u (time-major where u is).
     """
     with torch.no_grad():
         p = _Inputs(u, delta, A, B, C, D, z, delta_bias)
         bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
         gate = None if z is None else z.to(p.dtype)  # any strides: the kernel reads them
-        y = torch.empty_like(p.u)  # (B, D, L)
+        y = torch.empty_like(p.u)  # (B, D, L), u's layout
         getattr(_lib(), f"mixerbench_scan_fwd_{p.suffix}")(
-            *p.args(), _ptr(bias), ctypes.c_int(int(delta_softplus)), _ptr(skip), *_gate_args(gate), _ptr(y),
+            *p.args(z=gate, y=y), _ptr(bias), ctypes.c_int(int(delta_softplus)), _ptr(skip), _ptr(gate), _ptr(y),
             ctypes.c_int(int(reverse)), _threads(),
         )
         return y.to(u.dtype)
@@ -219,24 +236,26 @@ def _scan_backward(
     empty tensor (an op returns tensors only).
 
     Returns:
-        (du, d_delta, dA, dB, dC, dD, dz, d_bias), shaped as the inputs.
+        (du, d_delta, dA, dB, dC, dD, dz, d_bias), shaped as the inputs; du, d_delta and dz laid out as u, delta
+        and z, the others contiguous.
     """
     p = _Inputs(u, delta, A, B, C, D, z, delta_bias)
     batch, channels, length, d_state, groups = p.shape
     threads = _threads()
     bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
     gate = None if z is None else z.to(p.dtype)  # any strides: the kernel reads them
-    dy = dy.to(p.dtype).contiguous()  # (B, D, L)
-    du = torch.empty_like(p.u)  # (B, D, L)
-    d_delta = torch.empty_like(p.u)  # (B, D, L)
-    dz = torch.empty_like(p.u) if z is not None else p.u.new_empty(0)  # (B, D, L)
+    dy = dy.to(p.dtype)  # (B, D, L), any strides
+    du = torch.empty_like(p.u)  # (B, D, L), as u
+    d_delta = torch.empty_like(p.delta)  # (B, D, L), as delta
+    dz = torch.empty_like(gate) if gate is not None else p.u.new_empty(0)  # (B, D, L), as z
     dA_part = p.u.new_zeros(threads.value, channels, d_state)  # per thread, (T, D, N)
     dB_part = p.u.new_zeros(threads.value, batch, groups, length, d_state)  # per thread, (T, B, G, L, N)
     dC_part = p.u.new_zeros(threads.value, batch, groups, length, d_state)  # per thread, (T, B, G, L, N)
     dD_part = p.u.new_zeros(threads.value, channels)  # per thread, (T, D)
     dbias_part = p.u.new_zeros(threads.value, channels)  # per thread, (T, D)
     getattr(_lib(), f"mixerbench_scan_bwd_{p.suffix}")(
-        *p.args(), _ptr(bias), ctypes.c_int(int(delta_softplus)), _ptr(skip), *_gate_args(gate), _ptr(dy),
+        *p.args(z=gate, dy=dy, du=du, ddelta=d_delta, dz=dz if gate is not None else None), _ptr(bias),
+        ctypes.c_int(int(delta_softplus)), _ptr(skip), _ptr(gate), _ptr(dy),
         _ptr(du), _ptr(d_delta), _ptr(dA_part), _ptr(dB_part), _ptr(dC_part), _ptr(dD_part), _ptr(dbias_part),
         _ptr(dz if z is not None else None), ctypes.c_int(int(reverse)), threads,
     )
@@ -253,8 +272,14 @@ def _scan_backward_fake(
     delta_bias: Tensor | None, delta_softplus: bool, reverse: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     ct = compute_dtype(u)
-    shaped = (u, u, A, B, C, D, z, delta_bias)
-    return tuple(u.new_empty(0, dtype=ct) if t is None else t.new_empty(t.shape, dtype=ct) for t in shaped)
+
+    def like(t: Tensor | None, layout: bool) -> Tensor:  # du, d_delta and dz keep their inputs' layouts
+        if t is None:
+            return u.new_empty(0, dtype=ct)
+        return torch.empty_like(t, dtype=ct) if layout else t.new_empty(t.shape, dtype=ct)
+
+    return (like(u, True), like(delta, True), like(A, False), like(B, False), like(C, False), like(D, False),
+            like(z, True), like(delta_bias, False))
 
 
 def _cpp_backward(dy: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
@@ -297,7 +322,7 @@ def _selective_scan_cpp_fake(
     delta_softplus: bool,
     reverse: bool,
 ) -> Tensor:
-    return u.new_empty(u.shape)
+    return torch.empty_like(u)  # the real op's y is laid out as u
 
 
 def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:

@@ -1,0 +1,132 @@
+"""A depthwise 1-D conv along the tokens of a time-major (B, L, C) tensor, as a sum of shifted, scaled copies.
+
+`nn.Conv1d` wants channel-major (B, C, L), and the mixers' projections are time-major: on the CPU the layout
+copies around it and oneDNN's depthwise kernel took about twice as long, forward and backward, as K fused
+multiply-adds over shifted views of the padded input, which read and write time-major rows (Mamba's width-4 conv
+at 1,024 tokens; the timings are in issue 33's note).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from ..base import CUSTOM_OP_MACS
+
+
+def depthwise_conv_tokens(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
+    """out[b, t, c] = bias[c] + sum_k weight[c, 0, k] x[b, t - left + k, c], zero outside the sequence.
+
+    Equal to `F.conv1d(x.transpose(1, 2), weight, bias, padding=(left, K - 1 - left), groups=C)`, transposed back:
+    `left = K - 1` is a causal conv (Mamba), `left = 0` with the taps flipped its anti-causal mirror (Vim's
+    backward direction), `left = K // 2` a centred one. One op (`mixerbench::depthwise_conv_tokens`, with its
+    backward another) so the counters see a conv of L x K MACs per channel, not element-wise work.
+
+    Args:
+        x: (B, L, C), any strides (a view of a projection's output).
+        weight: (C, 1, K), as `nn.Conv1d(C, C, K, groups=C)` holds it.
+        bias: (C,) or None.
+        left: how many of the K taps reach before the output's own step, 0 <= left < K.
+
+    Returns:
+        (B, L, C) in x's dtype (summed in the wider of x's and the weight's, as a conv accumulates), contiguous.
+    """
+    channels, _, width = weight.shape
+    if x.dim() != 3 or x.shape[-1] != channels or weight.dim() != 3 or weight.shape[1] != 1:
+        raise ValueError(f"depthwise_conv_tokens: x must be (B, L, C) and weight (C, 1, K), got {tuple(x.shape)} "
+                         f"and {tuple(weight.shape)}")
+    if not 0 <= left < width:
+        raise ValueError(f"depthwise_conv_tokens: need 0 <= left < K = {width}, got left={left}")
+    return torch.ops.mixerbench.depthwise_conv_tokens(x, weight, bias, left)
+
+
+def _padded(x: Tensor, width: int, left: int) -> Tensor:
+    """x (B, L, C) with `left` zero steps before and `width - 1 - left` after."""
+    return F.pad(x, (0, 0, left, width - 1 - left))
+
+
+def _shifted_sum(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
+    """The conv as K fused multiply-adds over shifted views of the padded input."""
+    width, length = weight.shape[-1], x.shape[1]
+    taps = weight[:, 0, :].t()  # (K, C): a tap's channels adjacent, as x's
+    padded = _padded(x, width, left)  # (B, L + K - 1, C)
+    out = padded[:, :length] * taps[0] if bias is None else torch.addcmul(bias, padded[:, :length], taps[0])
+    for k in range(1, width):
+        out = torch.addcmul(out, padded[:, k : k + length], taps[k])
+    return out.to(x.dtype)
+
+
+@torch.library.custom_op("mixerbench::depthwise_conv_tokens", mutates_args=())
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
+    return _shifted_sum(x, weight, bias, left)
+
+
+@_conv.register_fake
+def _conv_fake(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("mixerbench::depthwise_conv_tokens_backward", mutates_args=())
+def _conv_backward(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, left: int
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias) of the conv; dbias empty where there is no bias (an op returns tensors only).
+
+    dx is the conv of the gradient with the taps flipped, reaching the other way (K - 1 - left steps back);
+    dweight[c, 0, k] sums grad times x shifted by tap k.
+    """
+    width, length = weight.shape[-1], x.shape[1]
+    dx = _shifted_sum(grad, weight.flip(-1), None, width - 1 - left)
+    padded = _padded(x, width, left)
+    wide = torch.promote_types(weight.dtype, grad.dtype)  # sums over B and L in at least the weight's precision
+    taps = [(grad * padded[:, k : k + length]).sum((0, 1), dtype=wide) for k in range(width)]  # (C,) each
+    dweight = torch.stack(taps, dim=-1).unsqueeze(1).to(weight.dtype)  # (C, 1, K)
+    dbias = grad.sum((0, 1), dtype=wide).to(weight.dtype) if has_bias else weight.new_empty(0)
+    return dx, dweight, dbias
+
+
+@_conv_backward.register_fake
+def _conv_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, left: int
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape[0] if has_bias else 0)
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    x, weight, bias, left = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+    ctx.left = left
+
+
+def _backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+    x, weight = ctx.saved_tensors
+    dx, dweight, dbias = torch.ops.mixerbench.depthwise_conv_tokens_backward(grad, x, weight, ctx.has_bias, ctx.left)
+    return dx, dweight, dbias if ctx.has_bias else None, None
+
+
+_conv.register_autograd(_backward, setup_context=_setup_context)
+
+
+def depthwise_conv_tokens_macs(batch: int, length: int, channels: int, width: int) -> int:
+    """MACs of the conv's forward: K per output, L outputs per channel (the backward does twice as many)."""
+    return batch * length * channels * width
+
+
+@register_flop_formula(torch.ops.mixerbench.depthwise_conv_tokens)
+def _conv_flops(x_shape: list[int], weight_shape: list[int], *args, **kwargs) -> int:
+    return 2 * depthwise_conv_tokens_macs(*x_shape, weight_shape[-1])
+
+
+@register_flop_formula(torch.ops.mixerbench.depthwise_conv_tokens_backward)
+def _conv_backward_flops(grad_shape: list[int], x_shape: list[int], weight_shape: list[int], *args, **kwargs) -> int:
+    return 2 * 2 * depthwise_conv_tokens_macs(*x_shape, weight_shape[-1])  # dx and dweight
+
+
+def _macs_from_shapes(shapes: list[tuple[int, ...] | None]) -> int:
+    x_shape, weight_shape = shapes[0], shapes[1]
+    if x_shape is None or weight_shape is None:
+        raise ValueError("depthwise_conv_tokens: the counter gave no shapes for x and the weight")
+    return depthwise_conv_tokens_macs(*x_shape, weight_shape[-1])
+
+
+CUSTOM_OP_MACS["mixerbench::depthwise_conv_tokens"] = _macs_from_shapes
