@@ -160,16 +160,18 @@ void parallel_items(int64_t count, int threads, Fn fn) {
 #endif
 }
 
-// One state n over a block's channels: h <- exp(dt A_n) h + du b_n, the decays kept (KeepDecay), y += c_n h
-// (ReadOut). A free function on restrict pointers with compile-time flags, so the loop vectorises.
+// One state n over a block's channels: h_out <- exp(dt A_n) h_in + du b_n, the decays kept (KeepDecay),
+// y += c_n h_out (ReadOut). h_in and h_out are one buffer, or (the backward's recompute) the previous step's state
+// and the current one's: each lane reads its own element before writing it, so either is safe. A free function
+// with compile-time flags, so the loop vectorises.
 template <class T, bool KeepDecay, bool ReadOut>
 inline void update_lanes(const T* __restrict dt, const T* __restrict An, const T* __restrict du, T bn, T cn,
-                         T* __restrict hn, T* __restrict an, T* __restrict y) {
+                         const T* h_in, T* h_out, T* __restrict an, T* __restrict y) {
 #pragma omp simd
   for (int64_t c = 0; c < kBlock; ++c) {
     const T decay = exp_lane(dt[c] * An[c]);
-    const T hv = decay * hn[c] + du[c] * bn;
-    hn[c] = hv;
+    const T hv = decay * h_in[c] + du[c] * bn;
+    h_out[c] = hv;
     if constexpr (KeepDecay) an[c] = decay;
     if constexpr (ReadOut) y[c] += hv * cn;
   }
@@ -281,16 +283,16 @@ struct Block {
     }
   }
 
-  // h <- exp(dt A) h + du B_t for all N states; KeepDecay: the decays go to a; ReadOut: y = sum_n C_t[n] h[n].
-  // Template flags, not branches, so the inner loop has no control flow and vectorises.
+  // h_out <- exp(dt A) h_in + du B_t for all N states (h_out may be h_in); KeepDecay: the decays go to a; ReadOut:
+  // y = sum_n C_t[n] h_out[n]. Template flags, not branches, so the inner loop has no control flow and vectorises.
   template <bool KeepDecay, bool ReadOut>
-  void step(const T* dt, const T* du, const T* Bt, const T* Ct, T* h, T* a, T* y) const {
+  void step(const T* dt, const T* du, const T* Bt, const T* Ct, const T* h_in, T* h_out, T* a, T* y) const {
     const int64_t N = s.d_state;
     if (ReadOut)
       for (int64_t c = 0; c < kBlock; ++c) y[c] = T(0);
     for (int64_t n = 0; n < N; ++n)
-      update_lanes<T, KeepDecay, ReadOut>(dt, At + n * kBlock, du, Bt[n], ReadOut ? Ct[n] : T(0), h + n * kBlock,
-                                          KeepDecay ? a + n * kBlock : nullptr, y);
+      update_lanes<T, KeepDecay, ReadOut>(dt, At + n * kBlock, du, Bt[n], ReadOut ? Ct[n] : T(0), h_in + n * kBlock,
+                                          h_out + n * kBlock, KeepDecay ? a + n * kBlock : nullptr, y);
   }
 };
 
@@ -311,7 +313,8 @@ void forward(const Shape& s, const Strides* st, const T* u, const T* delta, cons
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
         blk.load(uw + o, dw + o, dt, du);
-        blk.template step<false, true>(dt, du, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h.data(), nullptr, core);
+        blk.template step<false, true>(dt, du, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h.data(), h.data(), nullptr,
+                                       core);
         blk.store(core, uw + o, z ? zw + o : nullptr, yw + o);
       }
       blk.scatter(yw, kY, tile, y);
@@ -336,9 +339,9 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
     Block<T> blk(s, st, item, A, delta_bias, D, softplus);
     std::vector<T> starts(tiles * W), hs(kChunk * W), as(kChunk * W), h(W, T(0)), g(W, T(0)), dA(W, T(0));
-    std::vector<T> windows(8 * V);
+    std::vector<T> windows(10 * V);
     T *uw = windows.data(), *dw = uw + V, *gw = dw + V, *zw = gw + V, *cw = zw + V, *duw = cw + V, *ddw = duw + V,
-      *dzw = ddw + V;
+      *dzw = ddw + V, *dtw = dzw + V, *dxw = dtw + V;  // dtw, dxw: each step's dt and dt u, from the recompute
     T dt[kBlock], du[kBlock], sgb[kBlock], sdd[kBlock], gy[kBlock], dD[kBlock] = {}, dbias[kBlock] = {};
     for (int64_t ti = 0; ti < tiles; ++ti) {  // states at tile starts
       std::memcpy(&starts[ti * W], h.data(), W * sizeof(T));
@@ -349,7 +352,7 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
         blk.load(uw + o, dw + o, dt, du);
-        blk.template step<false, false>(dt, du, Bm + blk.bc(kB, t), nullptr, h.data(), nullptr, nullptr);
+        blk.template step<false, false>(dt, du, Bm + blk.bc(kB, t), nullptr, h.data(), h.data(), nullptr, nullptr);
       }
     }
     T* dB_t = dB_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
@@ -360,16 +363,17 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
       blk.gather(delta, kDelta, tile, dw);
       blk.gather(dy, kDy, tile, gw);
       if (z) blk.gather(z, kZ, tile, zw);
-      std::memcpy(h.data(), &starts[ti * W], W * sizeof(T));
       for (int64_t k = 0; k < tile.size(); ++k) {  // recompute the tile's states, decays and core outputs
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.load(uw + o, dw + o, dt, du);
-        blk.template step<true, true>(dt, du, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h.data(), &as[k * W], cw + o);
-        std::memcpy(&hs[k * W], h.data(), W * sizeof(T));
+        blk.load(uw + o, dw + o, dtw + o, dxw + o);
+        const T* prev = k > 0 ? &hs[(k - 1) * W] : &starts[ti * W];
+        blk.template step<true, true>(dtw + o, dxw + o, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), prev, &hs[k * W],
+                                      &as[k * W], cw + o);
       }
       for (int64_t k = tile.size() - 1; k >= 0; --k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.load(uw + o, dw + o, dt, du);
+        const T* dt = dtw + o;
+        const T* du = dxw + o;
         const T* ur = uw + o;
         const T* dyr = gw + o;
 #pragma omp simd
