@@ -9,7 +9,21 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from mixers.base import CUSTOM_OP_MACS
-from mixers.ops.token_conv import depthwise_conv_tokens, depthwise_conv_tokens_macs
+from mixers.ops.token_conv import cpp_conv, depthwise_conv_tokens, depthwise_conv_tokens_macs
+
+needs_cpp = pytest.mark.skipif(cpp_conv.unavailable_reason() is not None,
+                               reason=f"the compiled conv is unavailable: {cpp_conv.unavailable_reason()}")
+FORMS = ["compiled", "pytorch"]
+
+
+@pytest.fixture
+def form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test through the compiled conv, or through the PyTorch ops as where it cannot be built."""
+    if request.param == "compiled" and cpp_conv.unavailable_reason() is not None:
+        pytest.skip(f"the compiled conv is unavailable: {cpp_conv.unavailable_reason()}")
+    if request.param == "pytorch":
+        monkeypatch.setattr(cpp_conv, "_library", lambda: "no compiler (a test's stand-in)")
+    return request.param
 
 
 def conv1d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, left: int) -> torch.Tensor:
@@ -19,16 +33,20 @@ def conv1d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return F.conv1d(padded, weight, bias, groups=x.shape[-1]).transpose(1, 2)
 
 
+@pytest.mark.parametrize("form", FORMS, indirect=True)
 @pytest.mark.parametrize("width,left", [(4, 3), (4, 0), (3, 1), (1, 0), (5, 2)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_equals_conv1d_forward_and_gradients_in_float64(width: int, left: int, with_bias: bool) -> None:
+@pytest.mark.parametrize("length", [7, 70])
+def test_equals_conv1d_forward_and_gradients_in_float64(form: str, width: int, left: int, with_bias: bool,
+                                                        length: int) -> None:
     """Causal (left = K - 1), anti-causal (left = 0) and centred convs equal F.conv1d's in float64, output and the
-    gradients of x, the weight and the bias, on a strided x (a slice of wider rows, as Mamba's in_proj gives)."""
+    gradients of x, the weight and the bias, on a strided x (a slice of wider rows, as Mamba's in_proj gives);
+    70 steps span several of the compiled form's work items."""
     g = torch.Generator().manual_seed(0)
-    rows = torch.randn(2, 7, 10, generator=g, dtype=torch.float64)
+    rows = torch.randn(2, length, 10, generator=g, dtype=torch.float64)
     weight = torch.randn(5, 1, width, generator=g, dtype=torch.float64)
     bias = torch.randn(5, generator=g, dtype=torch.float64) if with_bias else None
-    dy = torch.randn(2, 7, 5, generator=g, dtype=torch.float64)
+    dy = torch.randn(2, length, 5, generator=g, dtype=torch.float64)
 
     def run(conv) -> tuple[torch.Tensor, ...]:
         leaves = [t.detach().clone().requires_grad_() for t in (rows, weight, *([bias] if with_bias else []))]
@@ -41,6 +59,33 @@ def test_equals_conv1d_forward_and_gradients_in_float64(width: int, left: int, w
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"{name} differs")
 
 
+@needs_cpp
+def test_compiled_float32_matches_the_pytorch_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At Mamba's width and a tiny block's shape, on 2 threads: the compiled pass against the PyTorch ops, output
+    and gradients, within float32's rounding (the weight's gradient sums 2 x 300 products per tap)."""
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(2, 300, 96, generator=g)
+    weight, bias = torch.randn(48, 1, 4, generator=g), torch.randn(48, generator=g)
+    dy = torch.randn(2, 300, 48, generator=g)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        leaves = [t.detach().clone().requires_grad_() for t in (rows, weight, bias)]
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            out = depthwise_conv_tokens(leaves[0][..., :48], leaves[1], leaves[2], 3)
+            return (out, *torch.autograd.grad(out, leaves, dy))
+        finally:
+            torch.set_num_threads(before)
+
+    assert cpp_conv.runs(rows, weight, bias)
+    compiled = run()
+    monkeypatch.setattr(cpp_conv, "_library", lambda: "no compiler (a test's stand-in)")
+    assert not cpp_conv.runs(rows, weight, bias)
+    for name, a, b in zip(("out", "drows", "dweight", "dbias"), compiled, run()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4, msg=f"{name} differs")
+
+
 def test_gradcheck() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 6, 3, generator=g, dtype=torch.float64, requires_grad=True)
@@ -50,7 +95,8 @@ def test_gradcheck() -> None:
         assert torch.autograd.gradcheck(lambda *a: depthwise_conv_tokens(*a, left), (x, weight, bias))
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("form", FORMS, indirect=True)
+def test_opcheck(form: str) -> None:
     x = torch.randn(2, 6, 3, requires_grad=True)
     weight = torch.randn(3, 1, 4, requires_grad=True)
     for bias in (torch.randn(3, requires_grad=True), None):

@@ -5,11 +5,9 @@ forward and backward, in `cpp_scan.cpp`: per (sequence, block of channels) a loo
 small buffer, exp(delta A) from a vectorised polynomial, and a backward that recomputes the block's states and
 runs the reverse scan (mamba-ssm's design on a CPU). `reverse` is native (the loop runs backwards).
 
-The source is plain C++ on raw pointers (no torch headers), built on first use by
-`torch.utils.cpp_extension.load` into torch's extension cache (`TORCH_EXTENSIONS_DIR`, else
-~/.cache/torch_extensions): about a second with g++, then reused until the source changes. Where it cannot be
-built (no compiler) `cpp_unavailable_reason` says why and `auto` falls back to `torch_stream`. The library is
-called through ctypes, which releases the GIL; its threads follow `torch.get_num_threads()`.
+The source is built on first use (`mixers/ops/cpu_kernels.py`). Where it cannot be built (no compiler)
+`cpp_unavailable_reason` says why and `auto` falls back to `torch_stream`. Its threads follow
+`torch.get_num_threads()`.
 
 The kernels also apply delta's bias and softplus, the D skip and the z gate, and differentiate them, step by step
 as they load and store (as mamba-ssm's CUDA kernel does): in PyTorch they were passes over (B, D, L) tensors that
@@ -19,86 +17,32 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import os
 from pathlib import Path
 
 import torch
 from einops import rearrange
 from torch import Tensor
 
+from .. import cpu_kernels
 from .naive import compute_dtype, grouped
 
 SOURCE = Path(__file__).with_name("cpp_scan.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
 ABI_VERSION = 7
-# Set to 0 to never build or load the library (`auto` then picks `torch_stream` on the CPU).
-ENABLE_ENV = "MIXERBENCH_CPP_SCAN"
+ENABLE_ENV = cpu_kernels.ENABLE_ENV
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _CTYPE = {torch.float32: "f32", torch.float64: "f64"}
-
-
-def _vector_isa() -> tuple[str, list[str]]:
-    """The vector instructions to build for, from torch's own dispatch on this CPU: AVX-512 (16 floats a vector,
-    one per block of the kernel) where it found AVX-512, AVX2 with FMA (8 floats) where it found AVX2, else the
-    compiler's baseline (SSE2 on x86-64, 4 floats; NEON on arm64). The name goes into the cached library's name,
-    so a home folder shared by different CPUs never loads a build it cannot run.
-
-    AVX-512 is taken where there is one: a block's 16 channels are then one vector, and even on AMD's Zen 4, which
-    splits a 512-bit operation in two, the forward at long L ran faster than the AVX2 build (both timed side by
-    side on one quiet machine; the exactness tests are the same for every build).
-    """
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability == "AVX512":
-        return "avx512", ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"]
-    if capability == "AVX2":
-        return "avx2", ["-mavx2", "-mfma"]
-    return "baseline", []
-
-
-# Builds tried in order: with OpenMP, so the kernel runs on torch's own OpenMP pool where torch has loaded
-# libgomp.so.1 (cpp_scan.cpp's parallel_items says why that matters), else with std::threads.
-_THREADING = (("omp", ["-fopenmp"]), ("threads", ["-fopenmp-simd"]))
+_vector_isa = cpu_kernels.vector_isa
+# The builds tried, in order (cpu_kernels.THREADING; a test breaks the first here).
+_THREADING = cpu_kernels.THREADING
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The built library, or the reason it cannot be had (cached: a failed build is not retried per call)."""
-    if os.environ.get(ENABLE_ENV, "1").strip() == "0":
-        return f"disabled by {ENABLE_ENV}=0"
-    # cpp_extension logs a CUDA_HOME warning on import on a CUDA build without a GPU; it concerns nvcc only.
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        from torch.utils import cpp_extension
-
-        isa, isa_flags = _vector_isa()
-        errors = []
-        for threading, flags in _THREADING:
-            try:
-                path = cpp_extension.load(
-                    name=f"mixerbench_cpp_scan_v{ABI_VERSION}_{isa}_{threading}",
-                    sources=[str(SOURCE)],
-                    extra_cflags=["-O3", "-std=c++17", "-fno-trapping-math", *flags, *isa_flags],
-                    extra_ldflags=flags,
-                    is_python_module=False,
-                    verbose=False,
-                )
-                lib = ctypes.CDLL(str(path))
-                break
-            except Exception as err:  # noqa: BLE001 - any build or load failure: try the next, then the PyTorch scan
-                errors.append(f"{threading}: {type(err).__name__}: {str(err).strip()[:300]}")
-        else:
-            return f"the C++ scan could not be built or loaded ({'; '.join(errors)})"
-    finally:
-        logger.setLevel(level)
-    if lib.mixerbench_scan_abi_version() != ABI_VERSION:
-        return f"the cached C++ scan library has ABI {lib.mixerbench_scan_abi_version()}, expected {ABI_VERSION}"
-    for suffix in _CTYPE.values():
-        getattr(lib, f"mixerbench_scan_fwd_{suffix}").restype = None
-        getattr(lib, f"mixerbench_scan_bwd_{suffix}").restype = None
-    return lib
+    entries = [f"mixerbench_scan_{way}_{suffix}" for way in ("fwd", "bwd") for suffix in _CTYPE.values()]
+    return cpu_kernels.build("C++ scan", "mixerbench_cpp_scan", SOURCE, ABI_VERSION, "mixerbench_scan_abi_version",
+                             entries, _THREADING)
 
 
 def cpp_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:

@@ -1,18 +1,20 @@
-"""A depthwise 1-D conv along the tokens of a time-major (B, L, C) tensor, as a sum of shifted, scaled copies.
+"""A depthwise 1-D conv along the tokens of a time-major (B, L, C) tensor: the op `mixerbench::depthwise_conv_tokens`.
 
 `nn.Conv1d` wants channel-major (B, C, L), and the mixers' projections are time-major: on the CPU the layout
-copies around it and oneDNN's depthwise kernel took about twice as long, forward and backward, as K fused
-multiply-adds over shifted views of the padded input, which read and write time-major rows (Mamba's width-4 conv
-at 1,024 tokens; the timings are in issue 33's note).
+copies around it and oneDNN's depthwise kernel took about twice as long, forward and backward, as the same conv
+done on the time-major rows (Mamba's width-4 conv at 1,024 tokens; the timings are in issue 33's note). Two forms:
+- `cpp_conv.py` / `cpp_conv.cpp`: one compiled pass on the CPU (float32, float64), forward and weight gradient;
+- `shifted.py`: K fused multiply-adds over shifted views of the padded input, in PyTorch ops: the reference, and
+  what runs elsewhere (GPUs, half types, no compiler).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..base import CUSTOM_OP_MACS
+from ...base import CUSTOM_OP_MACS
+from . import cpp_conv, shifted
 
 
 def depthwise_conv_tokens(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
@@ -41,25 +43,16 @@ def depthwise_conv_tokens(x: Tensor, weight: Tensor, bias: Tensor | None, left: 
     return torch.ops.mixerbench.depthwise_conv_tokens(x, weight, bias, left)
 
 
-def _padded(x: Tensor, width: int, left: int) -> Tensor:
-    """x (B, L, C) with `left` zero steps before and `width - 1 - left` after."""
-    return F.pad(x, (0, 0, left, width - 1 - left))
-
-
-def _shifted_sum(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
-    """The conv as K fused multiply-adds over shifted views of the padded input."""
-    width, length = weight.shape[-1], x.shape[1]
-    taps = weight[:, 0, :].t()  # (K, C): a tap's channels adjacent, as x's
-    padded = _padded(x, width, left)  # (B, L + K - 1, C)
-    out = padded[:, :length] * taps[0] if bias is None else torch.addcmul(bias, padded[:, :length], taps[0])
-    for k in range(1, width):
-        out = torch.addcmul(out, padded[:, k : k + length], taps[k])
-    return out.to(x.dtype)
+def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
+    """The compiled pass where it runs (CPU, float32 or float64), else the PyTorch ops."""
+    if cpp_conv.runs(x, weight, bias):
+        return cpp_conv.conv(x, weight, bias, left)
+    return shifted.shifted_sum(x, weight, bias, left)
 
 
 @torch.library.custom_op("mixerbench::depthwise_conv_tokens", mutates_args=())
 def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
-    return _shifted_sum(x, weight, bias, left)
+    return _forward(x, weight, bias, left)
 
 
 @_conv.register_fake
@@ -75,12 +68,13 @@ def _conv_backward(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, left
     dx is the conv of the gradient with the taps flipped, reaching the other way (K - 1 - left steps back);
     dweight[c, 0, k] sums grad times x shifted by tap k.
     """
-    width, length = weight.shape[-1], x.shape[1]
-    dx = _shifted_sum(grad, weight.flip(-1), None, width - 1 - left)
-    padded = _padded(x, width, left)
-    wide = torch.promote_types(weight.dtype, grad.dtype)  # sums over B and L in at least the weight's precision
-    taps = [(grad * padded[:, k : k + length]).sum((0, 1), dtype=wide) for k in range(width)]  # (C,) each
-    dweight = torch.stack(taps, dim=-1).unsqueeze(1).to(weight.dtype)  # (C, 1, K)
+    width = weight.shape[-1]
+    dx = _forward(grad, weight.flip(-1), None, width - 1 - left)
+    if cpp_conv.runs(grad, x, weight):
+        dweight = cpp_conv.weight_grad(grad, x, weight, left)
+    else:
+        dweight = shifted.weight_grad(grad, x, weight, left)
+    wide = torch.promote_types(weight.dtype, grad.dtype)  # summed over B and L in at least the weight's precision
     dbias = grad.sum((0, 1), dtype=wide).to(weight.dtype) if has_bias else weight.new_empty(0)
     return dx, dweight, dbias
 
