@@ -31,10 +31,10 @@ class VimMixer(TokenMixer):
     scan's inputs and output in `selective_scan` elsewhere): Vim's flip, scan, flip back, with nothing flipped
     where the kernel reads backwards (tests/test_selective_scan_triton.py checks the two agree).
 
-    Everything stays time-major (B, L, channels), as the projections give and take it: the conv is a sum of
-    shifted rows (`depthwise_conv_tokens`), the scan gets (B, channels, L) views, and the kernels that read rows
-    along L get them contiguous from `selective_scan`. On the CPU the channel-major copies took about a fifth of
-    the mixer's time.
+    Everything stays time-major (B, L, channels), as the projections give and take it: the conv runs on the
+    time-major rows (`depthwise_conv_tokens`), the scan gets (B, channels, L) views, and the kernels that read rows
+    along L get them contiguous from `selective_scan`. On the CPU the channel-major copies and the conv on them
+    took about a fifth of the mixer's forward.
 
     Args:
         dim: token channels C (Mamba's `d_model`).
