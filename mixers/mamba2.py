@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .base import Grid, TokenMixer, check_tokens
 from .ops.precision import autocast_off
 from .ops.ssd import chunk_ssd, chunk_ssd_macs
-from .ops.token_conv import depthwise_conv_tokens
+from .ops.token_conv import depthwise_conv_tokens, depthwise_conv_tokens_macs
 from .registry import register_mixer
 
 
@@ -134,7 +134,7 @@ class HydraMixer(TokenMixer):
         batch, N, H = x.shape[0], self.d_state, self.nheads
         compute = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 tests
         z, xbc, dt = torch.split(self.in_proj(x), [self.d_inner, self.d_inner + 4 * N, 2 * H], dim=-1)
-        # The centred conv on the time-major rows as they come (no channel-major copies, see token_conv.py).
+        # The centred conv on the time-major rows as they come (no channel-major copies, see mixers/ops/token_conv).
         xbc = F.silu(depthwise_conv_tokens(xbc, self.conv1d.weight, self.conv1d.bias, self.d_conv // 2))
         u, bc_fwd, bc_bwd = torch.split(xbc, [self.d_inner, 2 * N, 2 * N], dim=-1)  # (B, L, *) each
         dt_fwd, dt_bwd = dt.chunk(2, dim=-1)  # (B, L, H) each
@@ -165,7 +165,7 @@ class HydraMixer(TokenMixer):
         """
         L, C, N, H = grid[0] * grid[1], self.dim, self.d_state, self.nheads
         in_proj = L * C * (2 * self.d_inner + 4 * N + 2 * H)
-        conv = L * self.d_conv * (self.d_inner + 4 * N)
+        conv = depthwise_conv_tokens_macs(1, L, self.d_inner + 4 * N, self.d_conv)
         fc_D = L * self.d_inner * H
         ssd = chunk_ssd_macs(L, H, self.headdim, N, self.chunk_size)
         out_proj = L * self.d_inner * C
