@@ -116,3 +116,75 @@ def test_triton_kernels_match_pure_scan(impl: str, reverse: bool, dtype: torch.d
     low, ref, ran, y, y_ref = _scan_pair(impl, dtype, length, reverse)
     assert ran == impl and y.dtype == dtype
     _assert_scan_matches(low, ref, y, y_ref, *MAMBA_TOLERANCES[dtype])
+
+
+def _time_major(t: Tensor) -> Tensor:
+    """The same values as a (B, *, L) view of a (B, L, *) tensor: what mamba hands the scan since 44ce551."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("impl", ["mamba_ssm_cuda", "triton"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gpu_scans_on_time_major_views_in_both_directions(impl: str, reverse: bool) -> None:
+    """The GPU kernels get time-major views (the dispatch makes their rows along L contiguous) and scan in reverse
+    (mamba-ssm's kernel by flipping five tensors): forward and every gradient in float32, at L = 257."""
+    if impl == "mamba_ssm_cuda" and resolve_scan_impl("auto", torch.device("cuda")) != "mamba_ssm_cuda":
+        pytest.skip("mamba-ssm's CUDA kernel does not import here")
+    if impl == "triton" and triton_unavailable_reason(torch.device("cuda"), torch.float32) is not None:
+        pytest.skip("triton does not import here")
+    torch.manual_seed(0)
+    b, d, n, length = 2, 64, 16, 257
+    values = dict(u=torch.randn(b, d, length), delta=0.5 * torch.randn(b, d, length), A=-torch.rand(d, n) - 0.5,
+                  B=torch.randn(b, n, length), C=torch.randn(b, n, length), D=torch.randn(d),
+                  z=torch.randn(b, d, length), delta_bias=0.1 * torch.randn(d))
+    leaves = {k: v.cuda().requires_grad_() for k, v in values.items()}
+    ref = {k: v.detach().clone().requires_grad_() for k, v in leaves.items()}
+    views = {k: _time_major(v) if v.dim() == 3 else v for k, v in leaves.items()}
+    y, ran = selective_scan(**views, delta_softplus=True, impl=impl, reverse=reverse)
+    y_ref, _ = selective_scan(**ref, delta_softplus=True, impl="torch_stream", reverse=reverse)
+    assert ran == impl
+    _assert_scan_matches(leaves, ref, y, y_ref, *MAMBA_TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("scan_impl", ["mamba_ssm_cuda", "triton"])
+def test_mamba_mixer_in_float32_on_cuda_matches_the_cpu(scan_impl: str) -> None:
+    """The whole mixer (time-major projections, the token conv's PyTorch form, both directions' scans) in float32
+    on CUDA against the CPU's compiled conv and scan: output and input gradient."""
+    if scan_impl == "mamba_ssm_cuda" and resolve_scan_impl("auto", torch.device("cuda")) != "mamba_ssm_cuda":
+        pytest.skip("mamba-ssm's CUDA kernel does not import here")
+    if scan_impl == "triton" and triton_unavailable_reason(torch.device("cuda"), torch.float32) is not None:
+        pytest.skip("triton does not import here")
+    torch.manual_seed(0)
+    cpu = create_mixer("mamba", 96, 3, layer_idx=1)
+    gpu = create_mixer("mamba", 96, 3, layer_idx=1, scan_impl=scan_impl)
+    gpu.load_state_dict(cpu.state_dict())
+    x = torch.randn(2, 15 * 17, 96, requires_grad=True)
+    x_gpu = x.detach().cuda().requires_grad_()
+    out, expected = gpu.cuda()(x_gpu, (15, 17)), cpu(x, (15, 17))
+    (grad,) = torch.autograd.grad(out.square().sum(), x_gpu)
+    (grad_ref,) = torch.autograd.grad(expected.square().sum(), x)
+    assert relative_error(out.cpu(), expected) < 1e-4
+    assert relative_error(grad.cpu(), grad_ref) < 1e-4
+
+
+def test_token_conv_on_cuda_matches_conv1d() -> None:
+    """The depthwise token conv's PyTorch form (what runs on a GPU) against F.conv1d, forward and gradients, for
+    mamba's causal and anti-causal and mamba2's centred taps, on time-major views."""
+    import torch.nn.functional as F
+
+    from mixers.ops.token_conv import depthwise_conv_tokens
+
+    torch.manual_seed(0)
+    for width, left in [(4, 3), (4, 0), (3, 1)]:
+        rows = torch.randn(2, 37, 96, device="cuda", requires_grad=True)
+        x = rows[..., :48]  # a slice of a projection's rows, as mamba hands it
+        weight = torch.randn(48, 1, width, device="cuda", requires_grad=True)
+        bias = torch.randn(48, device="cuda", requires_grad=True)
+        out = depthwise_conv_tokens(x, weight, bias, left)
+        padded = F.pad(x.transpose(1, 2), (left, width - 1 - left))
+        expected = F.conv1d(padded, weight, bias, groups=48).transpose(1, 2)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        grads = torch.autograd.grad(out.square().sum(), (rows, weight, bias))
+        grads_ref = torch.autograd.grad(expected.square().sum(), (rows, weight, bias))
+        for g, g_ref in zip(grads, grads_ref):
+            torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-4)

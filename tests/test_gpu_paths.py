@@ -147,7 +147,7 @@ def test_batch_max_on_cuda_records_its_batch() -> None:
 
 # --- newer mixers on CUDA in bf16 ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["neighborhood", "vmamba", "gla"])
+@pytest.mark.parametrize("name", ["neighborhood", "vmamba", "gla", "mamba2"])
 def test_newer_mixers_cuda_bf16_match_cpu_fp32(name: str) -> None:
     torch.manual_seed(0)
     cpu = create_mixer(name, 96, 3, layer_idx=1)
