@@ -29,6 +29,7 @@ from .machine import (busy_cores, choose_threads, fit_to_machine, load_average, 
 from .device_peak import with_device_peak
 from .out_dir import OutDirError, SweepLock, check_out_dir
 from .references import check_clean_tree
+from .same_machine import check_same_machine
 from .runs_file import RunsFileError, append_row, latest_by_key, read_rows
 
 # A dry run calibrates for at most this long (a grid of large sizes would otherwise measure for minutes); what it
@@ -119,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-dirty", action="store_true",
                         help="run into a committed reference folder (results/<name>) from a working tree with "
                              "uncommitted changes; its rows say dirty=True")
+    parser.add_argument("--allow-mixed-machines", action="store_true",
+                        help="resume an --out folder whose rows another CPU or GPU model measured (refused "
+                             "otherwise: its tables would compare the two machines as if one had measured them); "
+                             "each row keeps its device_name")
     parser.add_argument("--dry-run", action="store_true",
                         help="print each point's predicted latency, memory and time, and the sweep's total, and stop")
     parser.add_argument("--budget-minutes", type=positive_number("minutes"), default=None, metavar="M",
@@ -417,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
             check_clean_tree(config.out_dir, args.allow_dirty)
         done_rows = read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running
         check_thread_counts(points, done_rows, config.out_dir)
+        if not args.allow_mixed_machines:
+            done = latest_by_key(done_rows)
+            check_same_machine(pending_points(points, done, args.retry_failed), done, config.out_dir)
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")
     except (ConfigError, RunsFileError, DatasetError, OutDirError) as error:

@@ -1,0 +1,44 @@
+"""A results folder holds one machine's rows: a resume on another CPU model is refused with one line (the machine is
+no key column, so the points left would join another machine's rows in one table), and allowed when asked."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from experiments.runs_csv import read_rows
+from experiments.sweep.__main__ import main
+from tiny_sweep import tiny_config, write_config
+
+
+def _rename_machine(runs: Path, name: str) -> None:
+    with runs.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    with runs.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**row, "device_name": name} for row in rows)
+
+
+def test_a_resume_on_another_cpu_model_is_refused_unless_allowed(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    one = write_config(tmp_path, tiny_config(["attention"], [16]))
+    assert main(["--config", str(one), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 0
+    _rename_machine(out / "runs.csv", "Another CPU")
+    before = (out / "runs.csv").read_bytes()
+    capsys.readouterr()
+
+    two = tmp_path / "two.toml"
+    two.write_text(tiny_config(["attention"], [16, 32]))  # one point left to run
+    assert main(["--config", str(two), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 2
+    message = capsys.readouterr().err.strip()
+    assert len(message.splitlines()) == 1
+    assert "measured on Another CPU" in message and "1 point left" in message
+    assert "its own --out" in message and "--allow-mixed-machines" in message
+    assert (out / "runs.csv").read_bytes() == before  # nothing written
+
+    # nothing left to run is no mix (the report may be rebuilt anywhere); the flag lets the resume go on
+    assert main(["--config", str(one), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 0
+    assert main(["--config", str(two), "--out", str(out), "--quiet", "--no-report", "--no-plan",
+                 "--allow-mixed-machines"]) == 0
+    names = [row["device_name"] for row in read_rows(out / "runs.csv")]
+    assert names[0] == "Another CPU" and len(names) == 2 and names[1] != "Another CPU"
