@@ -42,3 +42,24 @@ def test_a_resume_on_another_cpu_model_is_refused_unless_allowed(tmp_path: Path,
                  "--allow-mixed-machines"]) == 0
     names = [row["device_name"] for row in read_rows(out / "runs.csv")]
     assert names[0] == "Another CPU" and len(names) == 2 and names[1] != "Another CPU"
+
+
+def test_the_seed_stage_of_a_learning_rate_grid_is_checked_too(tmp_path: Path, capsys) -> None:
+    """A grid whose rows are all there leaves only the seeds at the chosen rate, which are known after the check
+    of the grid's points: they are refused on another machine as well."""
+    text = tiny_config(["attention"], [16]).replace("patch_sizes = [8]", "patch_sizes = [4]")
+    head, timing = text.split("[timing]")
+    train = "\n[train]\ntrain_samples = 40\nbatch_size = 20\nval_fraction = 0.25\n"
+    grid = head + 'epochs = 1\ndataset = "reach"\nlr_grid = [1e-3, 3e-3]\nseeds = [0]\n'
+    out, config = tmp_path / "out", tmp_path / "grid.toml"
+    config.write_text(grid + "[timing]" + timing + train)
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 0
+    _rename_machine(out / "runs.csv", "Another CPU")
+    before = (out / "runs.csv").read_bytes()
+    capsys.readouterr()
+
+    config.write_text(grid.replace("seeds = [0]", "seeds = [0, 1]") + "[timing]" + timing + train)
+    assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 2
+    message = capsys.readouterr().err.strip()
+    assert len(message.splitlines()) == 1 and "measured on Another CPU" in message
+    assert (out / "runs.csv").read_bytes() == before

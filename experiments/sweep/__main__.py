@@ -558,6 +558,9 @@ def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Nam
     except RunsFileError as error:
         print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
         return 1
+    except ConfigError as error:  # the seed stage's points would join another machine's rows
+        print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
+        return 2
     print(f"runs: {runs_path} ({time.monotonic() - started:.0f} s)")
     if not args.no_report:
         from ..report.build import ReportError, build_report
@@ -576,10 +579,13 @@ def _run_seed_stage(config: SweepConfig, args: argparse.Namespace, planner: Plan
     """The seeds at each setting's chosen rate, once its learning-rate grid has rows (experiments/sweep/lr_stages.py)."""
     from mixers import list_mixers
 
-    stage = seed_points(config, list_mixers(), latest_by_key(read_rows(config.out_dir / "runs.csv")))
+    done = latest_by_key(read_rows(config.out_dir / "runs.csv"))
+    stage = seed_points(config, list_mixers(), done)
     print("\n".join(stage_lines(config, [], stage)))
     if not stage.ready:
         return None
+    if not args.allow_mixed_machines:  # main's check saw the grid's points only; these are known now
+        check_same_machine(pending_points(stage.ready, done, args.retry_failed), done, config.out_dir)
     if args.budget_minutes and Budget(args.budget_minutes, planner, started).left() <= 0:
         # The grid stage of this command has run points: "every run makes at least one" is met, and a forced
         # seed point would overrun the budget by a whole training.
