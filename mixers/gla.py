@@ -22,13 +22,14 @@ class BiGLA(TokenMixer):
     Shared `q_proj`, `k_proj` (to `expand_k * dim`), `v_proj`, output gate `g_proj` and `o_proj`, as fla's
     `GatedLinearAttention`; each direction has its own forget gate `gk_proj[0]` (forward) / `gk_proj[1]` (backward),
     a rank-`gate_low_rank_dim` projection to `logsigmoid(.) / gate_logit_normalizer`, ViG's direction-wise gating.
-    The backward direction runs the causal GLA on the reversed sequence. Both outputs include the token itself (the
-    diagonal of each causal map), so it counts twice in the sum; then a per-head RMSNorm times swish(g), `o_proj`.
+    The backward direction runs the causal GLA on the reversed sequence, stacked on the batch with the forward one,
+    so one pass runs both (as mamba2's SSD). Both outputs include the token itself (the diagonal of each causal
+    map), so it counts twice in the sum; then a per-head RMSNorm times swish(g), `o_proj`.
     ViG's 2D locality-injection conv is not part of this mixer. The recurrences run in float32 through one of two
     implementations, recorded in `impl`: `chunk_torch` (`chunk_gla`, plain PyTorch, any device: the reference and
     the fallback) or `fla_chunk` (fla's chunked Triton kernels, on CUDA where `flash-linear-attention` imports,
     `pip install -e ".[fla]"`; q, k, v stay in the autocast dtype there, the gates float32). The PyTorch form runs
-    a Python loop over chunks, about 200K kernel launches per forward at 65,536 tokens; fla's runs a few kernels.
+    a Python loop over the chunks (L / chunk_size steps, a few kernels each); fla's runs a few kernels in all.
     While `torch.jit.trace` runs (fvcore's count), `chunk_torch` stands in, since fvcore sees no products inside
     fla's autograd Function.
 
@@ -134,9 +135,12 @@ class BiGLA(TokenMixer):
         else:
             self.impl = impl
         with autocast_off(x.device.type):  # the GLA state must stay float32
-            o = self._causal(impl, q, k, v, gates[0]).to(compute)  # (B, H, L, V)
-            flipped = (t.flip(2) for t in (q, k, v, gates[1]))
-            o = o + self._causal(impl, *flipped).to(compute).flip(2)
+            # Both directions in one pass, the backward one as the forward one over flipped sequences stacked on
+            # the batch: each op of the chunked form runs once on twice the rows instead of twice (at small N its
+            # fixed cost per op, not its arithmetic, is most of the time).
+            both = (torch.cat([t, t_back.flip(2)]) for t, t_back in ((q, q), (k, k), (v, v), tuple(gates)))
+            o = self._causal(impl, *both).to(compute)  # (2B, H, L, V)
+            o = o[: x.shape[0]] + o[x.shape[0]:].flip(2)  # (B, H, L, V)
             o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.norm_eps) * self.g_norm_weight.to(compute)
         o = rearrange(o, "b h l d -> b l (h d)").to(x.dtype)  # (B, L, C)
         return self.o_proj(o * F.silu(self.g_proj(x)))

@@ -70,15 +70,15 @@ def test_without_fla_cuda_falls_back_and_a_forced_fla_says_why(monkeypatch: pyte
 
 def test_where_fla_runs_the_mixer_dispatches_to_it_both_ways_and_records_it(
         fake_fla: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two causal passes (forward, and backward on the flipped sequence) through fla, in fla's layout; the result
-    and its gradients match the PyTorch form, since the fake computes with it."""
+    """One causal pass through fla for both directions (the backward one on the flipped sequence, stacked on the
+    batch), in fla's layout; the result and its gradients match the PyTorch form, since the fake computes with it."""
     monkeypatch.setattr(fla_chunk, "fla_unavailable_reason", lambda device: None)
     monkeypatch.setattr("mixers.gla.fla_unavailable_reason", lambda device: None)
     mixer, reference = _pair()
     x = torch.randn(2, GRID[0] * GRID[1], DIM, requires_grad=True)
     out = mixer(x, GRID)
     assert mixer.impl == "fla_chunk"
-    assert [c["shape"] for c in fake_fla] == [(2, 15, HEADS, mixer.head_k_dim)] * 2
+    assert [c["shape"] for c in fake_fla] == [(2 * 2, 15, HEADS, mixer.head_k_dim)]
     assert all(c["contiguous"] and c["head_first"] is False for c in fake_fla)
     expected = reference(x, GRID)
     torch.testing.assert_close(out, expected)  # the same float32 arithmetic in the same order
