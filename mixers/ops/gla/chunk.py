@@ -23,8 +23,9 @@ from torch import Tensor
 
 
 def chunk_gla_macs(heads: int, length: int, key_dim: int, value_dim: int, chunk_size: int) -> int:
-    """MACs of `chunk_gla` for one sequence: per head and padded step, T K (scores) + T V (scores x values)
-    + K V (into the state) + K V (the state read by the queries). Gates, exps and the state decay are element-wise.
+    """MACs of `chunk_gla` for one sequence: per head and padded step, T K (scores) + T V (scores x values); per
+    step of every chunk but the last, K V (into the state), and of every chunk but the first, K V (the state read
+    by the queries). Gates, exps and the state decay are element-wise.
 
     Args:
         heads: H.
@@ -34,7 +35,7 @@ def chunk_gla_macs(heads: int, length: int, key_dim: int, value_dim: int, chunk_
         chunk_size: T.
     """
     padded = math.ceil(length / chunk_size) * chunk_size
-    return heads * padded * (chunk_size * (key_dim + value_dim) + 2 * key_dim * value_dim)
+    return heads * (padded * chunk_size * (key_dim + value_dim) + 2 * (padded - chunk_size) * key_dim * value_dim)
 
 
 # The largest |b| (log decay within a chunk) at which the factorised intra-chunk form is used: exp(+-30) ~ 1e13
@@ -93,21 +94,23 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float | None = 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     length, T = q.shape[2], chunk_size
     pad = math.ceil(length / T) * T - length
-    q, k, v, g = (rearrange(F.pad(t.to(compute), (0, 0, 0, pad)), "b h (n t) d -> b h n t d", t=T)
-                  for t in (q, k, v, g))  # (B, H, n, T, K or V)
+    q, k, v, g = (rearrange(F.pad(t.to(compute), (0, 0, 0, pad)) if pad else t.to(compute),
+                            "b h (n t) d -> b h n t d", t=T) for t in (q, k, v, g))  # (B, H, n, T, K or V)
     q = q * scale
     b = g.cumsum(dim=-2)  # (B, H, n, T, K): log decay from the chunk start through step t
 
     out = _intra_chunk_scores(q, k, b, compute) @ v  # (B, H, n, T, V)
 
-    # Across chunks: what each chunk adds to the state, then the state each chunk starts from.
-    b_last = b[..., -1:, :]  # (B, H, n, 1, K)
-    added = (k * (b_last - b).exp()).transpose(-1, -2) @ v  # (B, H, n, K, V)
-    decay = b_last.squeeze(-2).exp()[..., None]  # (B, H, n, K, 1)
-    state = added.new_zeros(added[:, :, 0].shape)  # (B, H, K, V)
-    starts = []
-    for c in range(added.shape[2]):
-        starts.append(state)
-        state = decay[:, :, c] * state + added[:, :, c]
-    out = out + (q * b.exp()) @ torch.stack(starts, dim=2)  # (B, H, n, T, V)
+    # Across chunks: what each chunk but the last adds to the state, then the state each chunk but the first
+    # starts from (the first starts from zero: nothing to read).
+    n = q.shape[2]
+    if n > 1:
+        b_last = b[:, :, :-1, -1:, :]  # (B, H, n - 1, 1, K)
+        added = (k[:, :, :-1] * (b_last - b[:, :, :-1]).exp()).transpose(-1, -2) @ v[:, :, :-1]  # (B, H, n-1, K, V)
+        decay = b_last.squeeze(-2).exp()[..., None]  # (B, H, n - 1, K, 1)
+        states = [added[:, :, 0]]  # (B, H, K, V): the state chunk 1 starts from
+        for c in range(1, n - 1):
+            states.append(decay[:, :, c] * states[-1] + added[:, :, c])
+        read = (q[:, :, 1:] * b[:, :, 1:].exp()) @ torch.stack(states, dim=2)  # (B, H, n - 1, T, V)
+        out = torch.cat([out[:, :, :1], out[:, :, 1:] + read], dim=2)
     return rearrange(out, "b h n t d -> b h (n t) d")[:, :, :length].to(dtype)
