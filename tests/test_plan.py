@@ -134,7 +134,8 @@ def test_a_budget_spent_by_the_grid_leaves_the_seed_runs_for_the_next_run(monkey
     monkeypatch.setattr(sweep_main, "read_rows", lambda path: [])
     monkeypatch.setattr(sweep_main, "run_sweep", lambda *args, **kwargs: pytest.fail("a seed point ran"))
     config = types.SimpleNamespace(out_dir=Path("unused"))
-    args = argparse.Namespace(budget_minutes=1.0, save_weights=False, retry_failed=False, quiet=True, slurm=None)
+    args = argparse.Namespace(budget_minutes=1.0, save_weights=False, retry_failed=False, quiet=True, slurm=None,
+                              allow_mixed_machines=False)
     assert sweep_main._run_seed_stage(config, args, None, started=time.monotonic() - 61) is None
     assert "their 1 points start in the next run" in capsys.readouterr().out
 

@@ -4,7 +4,8 @@
     python -m experiments.sweep --config quadratic_wall --device cuda
     python -m experiments.sweep --mixers attention linear --img-sizes 64 128 --patch-sizes 8 --out results/mine
 
-Rerunning a sweep skips the points already in runs.csv, so an interrupted sweep resumes where it stopped.
+Rerunning a sweep skips the points already in runs.csv, so an interrupted sweep resumes where it stopped (on the
+same CPU or GPU model: experiments/sweep/same_machine.py).
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-mixed-machines", action="store_true",
                         help="resume an --out folder whose rows another CPU or GPU model measured (refused "
                              "otherwise: its tables would compare the two machines as if one had measured them); "
-                             "each row keeps its device_name")
+                             "each row keeps its device_name. Not checked under --slurm (the nodes run the points)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print each point's predicted latency, memory and time, and the sweep's total, and stop")
     parser.add_argument("--budget-minutes", type=positive_number("minutes"), default=None, metavar="M",
@@ -422,7 +423,9 @@ def main(argv: list[str] | None = None) -> int:
             check_clean_tree(config.out_dir, args.allow_dirty)
         done_rows = read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running
         check_thread_counts(points, done_rows, config.out_dir)
-        if not args.allow_mixed_machines:
+        # Under --slurm the points run on the cluster's nodes, not here: this machine's name says nothing of theirs.
+        # A dry run is refused as the real run would be, at once.
+        if not (args.allow_mixed_machines or args.slurm):
             done = latest_by_key(done_rows)
             check_same_machine(pending_points(points, done, args.retry_failed), done, config.out_dir)
         if args.slurm and config.launcher != "submitit":
@@ -558,7 +561,7 @@ def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Nam
     except RunsFileError as error:
         print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
         return 1
-    except ConfigError as error:  # the seed stage's points would join another machine's rows
+    except ConfigError as error:  # a check that could only run once the grid had rows (the seed stage's machine)
         print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
         return 2
     print(f"runs: {runs_path} ({time.monotonic() - started:.0f} s)")
@@ -584,14 +587,14 @@ def _run_seed_stage(config: SweepConfig, args: argparse.Namespace, planner: Plan
     print("\n".join(stage_lines(config, [], stage)))
     if not stage.ready:
         return None
-    if not args.allow_mixed_machines:  # main's check saw the grid's points only; these are known now
-        check_same_machine(pending_points(stage.ready, done, args.retry_failed), done, config.out_dir)
     if args.budget_minutes and Budget(args.budget_minutes, planner, started).left() <= 0:
         # The grid stage of this command has run points: "every run makes at least one" is met, and a forced
         # seed point would overrun the budget by a whole training.
         print(f"budget: spent before the seed runs; their {len(stage.ready)} points start in the next run "
               "(same command)")
         return None
+    if not (args.allow_mixed_machines or args.slurm):  # main's check saw the grid's points only; these are known now
+        check_same_machine(pending_points(stage.ready, done, args.retry_failed), done, config.out_dir)
     ready = with_weights_paths(stage.ready, config.out_dir) if args.save_weights else stage.ready
     return run_sweep(config, ready, retry_failed=args.retry_failed, progress=not args.quiet,
                      slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes, started=started)

@@ -24,7 +24,7 @@ def machine_name(device: str) -> str | None:
     return device_name(torch.device(device))
 
 
-def check_same_machine(pending: list[Point], rows: dict[str, dict], out_dir: Path) -> None:
+def check_same_machine(pending: list[Point], rows: dict[tuple[str, ...], dict[str, str]], out_dir: Path) -> None:
     """Raises ConfigError (one line) when a point left to run would join rows that another machine measured.
 
     Args:
@@ -41,5 +41,5 @@ def check_same_machine(pending: list[Point], rows: dict[str, dict], out_dir: Pat
         left = sum(p.device == device for p in pending)
         raise ConfigError(f"--out {out_dir}: its {device} rows were measured on {' and '.join(others)}, and this "
                           f"machine is {here}; its {left} point{'s' if left != 1 else ''} left would set the two "
-                          f"side by side in one table; resume it on that machine, give this one its own --out, or "
-                          f"pass --allow-mixed-machines (each row keeps its device_name)")
+                          f"side by side in one table; resume it where its rows were measured, give this machine "
+                          f"its own --out, or pass --allow-mixed-machines (each row keeps its device_name)")
