@@ -138,7 +138,7 @@ class BiGLA(TokenMixer):
             # Both directions in one pass, the backward one as the forward one over flipped sequences stacked on
             # the batch: each op of the chunked form runs once on twice the rows instead of twice (at small N its
             # fixed cost per op, not its arithmetic, is most of the time).
-            both = (torch.cat([t, t_back.flip(2)]) for t, t_back in ((q, q), (k, k), (v, v), tuple(gates)))
+            both = [torch.cat([t, t.flip(2)]) for t in (q, k, v)] + [torch.cat([gates[0], gates[1].flip(2)])]
             o = self._causal(impl, *both).to(compute)  # (2B, H, L, V)
             o = o[: x.shape[0]] + o[x.shape[0]:].flip(2)  # (B, H, L, V)
             o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.norm_eps) * self.g_norm_weight.to(compute)

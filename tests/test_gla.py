@@ -21,7 +21,7 @@ def inputs(batch: int, heads: int, length: int, key_dim: int, value_dim: int, dt
     return [t.requires_grad_() for t in (q, k, v, g)]
 
 
-@pytest.mark.parametrize("length,chunk_size", [(37, 16), (5, 16), (16, 16), (23, 7), (1, 4), (30, 1)])
+@pytest.mark.parametrize("length,chunk_size", [(37, 16), (5, 16), (16, 16), (32, 16), (23, 7), (1, 4), (30, 1)])
 def test_chunk_matches_recurrence_forward_and_backward(length: int, chunk_size: int) -> None:
     tensors = inputs(2, 3, length, 6, 5)
     out = chunk_gla(*tensors, chunk_size=chunk_size)

@@ -107,10 +107,10 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float | None = 
     if n > 1:
         b_last = b[:, :, :-1, -1:, :]  # (B, H, n - 1, 1, K)
         added = (k[:, :, :-1] * (b_last - b[:, :, :-1]).exp()).transpose(-1, -2) @ v[:, :, :-1]  # (B, H, n-1, K, V)
-        decay = b_last.squeeze(-2).exp()[..., None]  # (B, H, n - 1, K, 1)
+        decay = b_last[:, :, 1:].squeeze(-2).exp()[..., None]  # (B, H, n - 2, K, 1): chunks 1 .. n - 2
         states = [added[:, :, 0]]  # (B, H, K, V): the state chunk 1 starts from
         for c in range(1, n - 1):
-            states.append(decay[:, :, c] * states[-1] + added[:, :, c])
+            states.append(decay[:, :, c - 1] * states[-1] + added[:, :, c])
         read = (q[:, :, 1:] * b[:, :, 1:].exp()) @ torch.stack(states, dim=2)  # (B, H, n - 1, T, V)
         out = torch.cat([out[:, :, :1], out[:, :, 1:] + read], dim=2)
     return rearrange(out, "b h n t d -> b h (n t) d")[:, :, :length].to(dtype)
