@@ -275,8 +275,8 @@ struct Block {
   }
 
   // The step's output row: (core + D u) silu(z), z where given. Two loops, not `zr ? ... : ...` inside one: that
-  // form ran several times slower without z (vmamba) on an Intel Xeon when u was channel-major, and flushing
-  // denormals to zero removed the loss, so the compiler's vector code evaluated the gate on lanes holding denormals.
+  // form ran several times slower without z (vmamba) on an Intel Xeon when u was channel-major, a loss that
+  // flushing denormals to zero also removed (seen, not traced to the instructions).
   void store(const T* core, const T* ur, const T* zr, T* yr) const {
     if (zr) {
 #pragma omp simd
