@@ -208,6 +208,13 @@ def test_crossover_cheaper_only_below_and_no_data() -> None:
     assert find_crossover([], [], []).kind == "no_data"
 
 
+def test_one_common_point_is_no_range() -> None:
+    """A budgeted sweep's first rows hold one size per curve: "never in range" would claim a range not measured."""
+    crossover = find_crossover([196.0], [2.0], [1.0])
+    assert crossover.kind == "one_point" and crossover.tokens is None
+    assert crossover.describe() == "one common point"
+
+
 def test_crossover_table_finds_the_known_answer(loaded: pd.DataFrame) -> None:
     crossovers = crossover_table(loaded)
     # linear: 0.05 N against attention: 1e-4 N^2 cross at N = 500, inside the patch-8 range (64 to 4096).

@@ -64,7 +64,8 @@ class Crossover:
     Attributes:
         kind: "crosses" (more expensive at small N, cheaper from `tokens` on), "only_below" (cheaper at small N,
             more expensive from `tokens` on), "always" (cheaper at every common N), "never" (cheaper at none),
-            "equal" (the same cost at every common N, as MACs of two implementations of one function), or
+            "equal" (the same cost at every common N, as MACs of two implementations of one function),
+            "one_point" (both measured at one N only, as in a budgeted sweep's first rows: no range to speak of), or
             "no_data" (no token count where both were measured).
         tokens: the interpolated token count of the crossing, for "crosses" and "only_below".
     """
@@ -79,7 +80,7 @@ class Crossover:
         if self.kind == "only_below":
             return f"only below N ≈ {self.tokens:,.0f}"
         return {"always": "always cheaper", "never": "never in range", "equal": "equal cost",
-                "no_data": "no common points"}[self.kind]
+                "one_point": "one common point", "no_data": "no common points"}[self.kind]
 
 
 def fit_exponent(tokens: np.ndarray, cost: np.ndarray, n_points: int = FIT_POINTS) -> tuple[float, np.ndarray]:
@@ -124,6 +125,8 @@ def find_crossover(tokens: np.ndarray, cost: np.ndarray, ref_cost: np.ndarray) -
     usable &= np.isfinite(cost) & np.isfinite(ref_cost)
     if not usable.any():
         return Crossover("no_data")
+    if np.unique(tokens[usable]).size < 2:
+        return Crossover("one_point")
     order = np.argsort(tokens[usable])
     log_n = np.log(tokens[usable][order])
     log_ratio = np.log(cost[usable][order] / ref_cost[usable][order])
