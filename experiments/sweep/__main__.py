@@ -423,11 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             check_clean_tree(config.out_dir, args.allow_dirty)
         done_rows = read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running
         check_thread_counts(points, done_rows, config.out_dir)
-        # Under --slurm the points run on the cluster's nodes, not here: this machine's name says nothing of theirs.
         # A dry run is refused as the real run would be, at once.
-        if not (args.allow_mixed_machines or args.slurm):
-            done = latest_by_key(done_rows)
-            check_same_machine(pending_points(points, done, args.retry_failed), done, config.out_dir)
+        check_machine(points, latest_by_key(done_rows), args, config.out_dir)
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")
     except (ConfigError, RunsFileError, DatasetError, OutDirError) as error:
@@ -483,6 +480,15 @@ def check_thread_counts(points: list[Point], rows: list[dict[str, str]], out_dir
             raise ConfigError(f"num_threads {point.num_threads}: {out_dir / 'runs.csv'} measured {point.label()} on "
                               f"{row['cpu_threads']} threads, and a rerun skips the points already there; give "
                               f"each thread count its own --out")
+
+
+def check_machine(points: list[Point], done: dict, args: argparse.Namespace, out_dir: Path) -> None:
+    """Refuses the points this run would make where another machine measured the folder's rows
+    (experiments/sweep/same_machine.py), unless --allow-mixed-machines. Not under --slurm: the cluster's nodes run
+    the points, and this machine's name says nothing of theirs."""
+    if args.allow_mixed_machines or args.slurm:
+        return
+    check_same_machine(pending_points(points, done, args.retry_failed), done, out_dir)
 
 
 def check_calibration_file(path: Path) -> None:
@@ -593,8 +599,7 @@ def _run_seed_stage(config: SweepConfig, args: argparse.Namespace, planner: Plan
         print(f"budget: spent before the seed runs; their {len(stage.ready)} points start in the next run "
               "(same command)")
         return None
-    if not (args.allow_mixed_machines or args.slurm):  # main's check saw the grid's points only; these are known now
-        check_same_machine(pending_points(stage.ready, done, args.retry_failed), done, config.out_dir)
+    check_machine(stage.ready, done, args, config.out_dir)  # main's check saw the grid's points only
     ready = with_weights_paths(stage.ready, config.out_dir) if args.save_weights else stage.ready
     return run_sweep(config, ready, retry_failed=args.retry_failed, progress=not args.quiet,
                      slurm_partition=args.slurm, planner=planner, budget_minutes=args.budget_minutes, started=started)
