@@ -380,17 +380,22 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
         const T* du = dxw + o;
         const T* ur = uw + o;
         const T* dyr = gw + o;
+        // The gate: gy = dy silu(z), dz = dy (core + D u) silu'(z); without z, gy = dy. Two loops, as in `store`.
+        if (z) {
 #pragma omp simd
-        for (int64_t c = 0; c < kBlock; ++c) {  // the gate: gy = dy silu(z), dz = dy (core + D u) silu'(z)
-          sgb[c] = T(0);
-          sdd[c] = T(0);
-          if (z) {
+          for (int64_t c = 0; c < kBlock; ++c) {
             const T zv = zw[o + c], sig = sigmoid_lane(zv);
             gy[c] = dyr[c] * zv * sig;
             dzw[o + c] = dyr[c] * (cw[o + c] + blk.skip[c] * ur[c]) * sig * (T(1) + zv * (T(1) - sig));
-          } else {
-            gy[c] = dyr[c];
           }
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < kBlock; ++c) gy[c] = dyr[c];
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < kBlock; ++c) {
+          sgb[c] = T(0);
+          sdd[c] = T(0);
           dD[c] += gy[c] * ur[c];
         }
         const T* hk = &hs[k * W];
