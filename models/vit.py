@@ -189,7 +189,10 @@ class ViT(nn.Module):
         return "+".join(sorted({block.mixer.impl for block in self.blocks}))
 
     def forward_features(self, x: Tensor) -> Tensor:
-        x = self.patch_embed(x) + self.pos_embed  # (B, N, C)
+        # timm's PatchEmbed gives a (B, N, C) view of the conv's (B, C, H, W) output, channels strided by N, and the
+        # residual stream kept that layout through every add: each norm copied it and each add ran on strided
+        # memory, a cost every mixer paid (ViTs with a class token escape it: the concatenation is contiguous).
+        x = self.patch_embed(x).contiguous() + self.pos_embed  # (B, N, C), token-major
         for block in self.blocks:
             x = block(x, self.grid)
         return self.norm(x)

@@ -83,3 +83,17 @@ def test_the_head_reads_the_tokens_by_mean_or_by_max() -> None:
         assert torch.equal(peak(x), peak.head(features.amax(dim=1)))
     with pytest.raises(ValueError, match="pool must be one of mean, max, got 'avg'"):
         create_vit("micro", mixer="attention", pool="avg")
+
+
+def test_the_residual_stream_is_token_major() -> None:
+    """Every block gets and gives contiguous (B, N, C) tokens. The patch embedding's (B, N, C) is a view of the
+    conv's (B, C, H, W), channels strided by N; carried into the residual stream, every norm copied it and every
+    add ran strided, a cost every mixer paid."""
+    model = create_vit("micro", mixer="identity", img_size=32, patch_size=4, num_classes=3, depth=2).eval()
+    layouts = []
+    for block in model.blocks:
+        block.register_forward_pre_hook(lambda module, args: layouts.append(args[0].is_contiguous()))
+        block.register_forward_hook(lambda module, args, out: layouts.append(out.is_contiguous()))
+    with torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    assert layouts == [True] * 4
