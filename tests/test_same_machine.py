@@ -10,13 +10,14 @@ from experiments.sweep.__main__ import main
 from tiny_sweep import tiny_config, write_config
 
 
-def _rename_machine(runs: Path, name: str) -> None:
+def _rename_machine(runs: Path, name: str, **fields: str) -> None:
+    """Says another machine measured every row of `runs` (with `fields` set in each row too)."""
     with runs.open(newline="") as f:
         rows = list(csv.DictReader(f))
     with runs.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows({**row, "device_name": name} for row in rows)
+        writer.writerows({**row, "device_name": name, **fields} for row in rows)
 
 
 def test_a_resume_on_another_cpu_model_is_refused_unless_allowed(tmp_path: Path, capsys) -> None:
@@ -59,7 +60,40 @@ def test_the_seed_stage_of_a_learning_rate_grid_is_checked_too(tmp_path: Path, c
     capsys.readouterr()
 
     config.write_text(grid.replace("seeds = [0]", "seeds = [0, 1]") + "[timing]" + timing + train)
+    # the dry run says it at once, as the real run does once the grid's check has passed
+    assert main(["--config", str(config), "--out", str(out), "--dry-run", "--no-plan"]) == 2
+    assert "measured on Another CPU" in capsys.readouterr().err
     assert main(["--config", str(config), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 2
     message = capsys.readouterr().err.strip()
     assert len(message.splitlines()) == 1 and "measured on Another CPU" in message
     assert (out / "runs.csv").read_bytes() == before
+
+
+def test_rows_that_say_nothing_of_the_machine_do_not_refuse(tmp_path: Path, capsys) -> None:
+    """Another machine's error rows hold no timing, and a failed row that --retry-failed re-runs is replaced: a
+    folder of those is resumed here. A refusal names every machine in the folder, this one too where it is there."""
+    out = tmp_path / "out"
+    one = write_config(tmp_path, tiny_config(["attention"], [16]))
+    assert main(["--config", str(one), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 0
+    _rename_machine(out / "runs.csv", "Another CPU", status="error", error="failed there")
+    two = tmp_path / "two.toml"
+    two.write_text(tiny_config(["attention"], [16, 32]))
+    assert main(["--config", str(two), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 0
+    assert main(["--config", str(two), "--out", str(out), "--quiet", "--no-report", "--no-plan",
+                 "--retry-failed"]) == 0
+    rows = read_rows(out / "runs.csv")
+    here = rows[-1]["device_name"]
+    assert here != "Another CPU" and all(row["status"] == "ok" for row in rows[-2:])
+
+    _rename_machine(out / "runs.csv", "Another CPU")  # now a folder of its timings ...
+    rows = read_rows(out / "runs.csv")
+    with (out / "runs.csv").open("w", newline="") as f:  # ... and one of this machine's
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows[:-1] + [{**rows[-1], "device_name": here}])
+    capsys.readouterr()
+    three = tmp_path / "three.toml"
+    three.write_text(tiny_config(["attention"], [16, 32, 48]))
+    assert main(["--config", str(three), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 2
+    message = capsys.readouterr().err
+    assert f"measured on {' and '.join(sorted(['Another CPU', here]))}" in message

@@ -65,7 +65,8 @@ class Crossover:
         kind: "crosses" (more expensive at small N, cheaper from `tokens` on), "only_below" (cheaper at small N,
             more expensive from `tokens` on), "always" (cheaper at every common N), "never" (cheaper at none),
             "equal" (the same cost at every common N, as MACs of two implementations of one function),
-            "one_point" (both measured at one N only, as in a budgeted sweep's first rows: no range to speak of), or
+            "one_point" (one N in common, as in a budgeted sweep's first rows or curves on different token counts:
+            no range to speak of), or
             "no_data" (no token count where both were measured).
         tokens: the interpolated token count of the crossing, for "crosses" and "only_below".
     """

@@ -528,7 +528,13 @@ def _dry_run(config: SweepConfig, run_points: list[list[Point]], args: argparse.
     started = time.perf_counter()
     points = union_points(run_points)
     shared = sum(len(run) for run in run_points) - len(points)
-    stage = seed_points(config, list_mixers(), latest_by_key(read_rows(config.out_dir / "runs.csv")))
+    done = latest_by_key(read_rows(config.out_dir / "runs.csv"))
+    stage = seed_points(config, list_mixers(), done)
+    try:  # seeds whose grid is done already run next: refused here as the real run would refuse them
+        check_machine(stage.ready, done, args, config.out_dir)
+    except ConfigError as error:
+        print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
+        return 2
     seeds_after_grid = len(stage.ready) + len(stage.waiting)
     print("\n".join([applied.header, *describe_runs(config, list_mixers(), run_points, applied.taken), *data_notes]))
     print(f"{len(points) + seeds_after_grid} points in all"

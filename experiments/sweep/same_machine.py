@@ -4,6 +4,9 @@ The machine is no key column, so a sweep resumed elsewhere would fill the points
 timings, and the folder's tables (crossovers, ratios to attention, MFU) would set the two side by side as if one
 machine had measured them. The CPU changes between sessions of one project (an AMD EPYC one day, an Intel Xeon with
 another vector unit the next), so this happens by accident, not by choice; `--allow-mixed-machines` is the choice.
+
+The machine is the device's model as rows record it (`device_name`): the CPU model for CPU rows, the GPU model for
+CUDA rows. The host CPU beside a GPU is not compared, though eager batch-1 GPU latency leans on it (the launches).
 """
 from __future__ import annotations
 
@@ -27,19 +30,23 @@ def machine_name(device: str) -> str | None:
 def check_same_machine(pending: list[Point], rows: dict[tuple[str, ...], dict[str, str]], out_dir: Path) -> None:
     """Raises ConfigError (one line) when a point left to run would join rows that another machine measured.
 
+    Only rows that stay and say something of the machine count: a row this sweep replaces (a failed point it
+    retries) and an error row (no timing) do not.
+
     Args:
         pending: the points this sweep would run (its resume has skipped the rest).
         rows: the folder's current row of each point, by key.
         out_dir: the folder, named in the message.
     """
+    replaced = {p.key for p in pending}
+    kept = [row for key, row in rows.items() if key not in replaced and row.get("status") != "error"]
     for device in sorted({p.device for p in pending}):
-        theirs = sorted({r.get("device_name", "") for r in rows.values() if r.get("device") == device} - {""})
+        theirs = sorted({r.get("device_name", "") for r in kept if r.get("device") == device} - {""})
         here = machine_name(device)
-        others = [name for name in theirs if name != here]
-        if here is None or not others:
+        if here is None or all(name == here for name in theirs):
             continue
         left = sum(p.device == device for p in pending)
-        raise ConfigError(f"--out {out_dir}: its {device} rows were measured on {' and '.join(others)}, and this "
+        raise ConfigError(f"--out {out_dir}: its {device} rows were measured on {' and '.join(theirs)}, and this "
                           f"machine is {here}; its {left} point{'s' if left != 1 else ''} left would set the two "
                           f"side by side in one table; resume it where its rows were measured, give this machine "
                           f"its own --out, or pass --allow-mixed-machines (each row keeps its device_name)")

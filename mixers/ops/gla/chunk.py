@@ -35,7 +35,8 @@ def chunk_gla_macs(heads: int, length: int, key_dim: int, value_dim: int, chunk_
         chunk_size: T.
     """
     padded = math.ceil(length / chunk_size) * chunk_size
-    return heads * (padded * chunk_size * (key_dim + value_dim) + 2 * (padded - chunk_size) * key_dim * value_dim)
+    carried = max(padded - chunk_size, 0)  # the steps of every chunk but the first, which starts from no state
+    return heads * (padded * chunk_size * (key_dim + value_dim) + 2 * carried * key_dim * value_dim)
 
 
 # The largest |b| (log decay within a chunk) at which the factorised intra-chunk form is used: exp(+-30) ~ 1e13
