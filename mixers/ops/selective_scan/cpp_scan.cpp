@@ -19,6 +19,7 @@
 // vectorises for any N (vmamba's N = 1 included) and reads each step's inputs from one window row. The float exp is a
 // polynomial (Cephes' expf, ~1 ulp) written so the compiler vectorises it without -ffast-math; double uses
 // std::exp (the float64 path exists for tight tests).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -300,14 +301,32 @@ struct Block {
   }
 };
 
+// The steps a tile holds at most: kChunk, or the whole sequence where it is shorter. Buffers are sized by it, not
+// by kChunk: at the micro preset's 16 tokens a kChunk-sized buffer is four times what is used.
+inline int64_t tile_span(int64_t length) { return length < kChunk ? length : kChunk; }
+
+// Scratch memory of each thread, allocated once per call: `per_thread` elements for each of `threads` threads. Taken
+// per work item (a sequence's block of channels, hundreds per call at batch 32), allocating and zeroing the
+// buffers cost as long as the backward's arithmetic at short sequences.
+template <class T>
+struct Scratch {
+  int64_t per_thread;
+  std::vector<T> memory;
+  Scratch(int threads, int64_t per_thread_in)
+      : per_thread(per_thread_in), memory(static_cast<size_t>(threads < 1 ? 1 : threads) * per_thread_in) {}
+  T* of(int tid) { return memory.data() + tid * per_thread; }
+};
+
 template <class T>
 void forward(const Shape& s, const Strides* st, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
              const T* delta_bias, bool softplus, const T* D, const T* z, T* y, bool reverse, int threads) {
-  const int64_t L = s.length, tiles = (L + kChunk - 1) / kChunk, W = kChunk * kBlock;
-  parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int) {
+  const int64_t L = s.length, tiles = (L + kChunk - 1) / kChunk, W = tile_span(L) * kBlock, H = s.d_state * kBlock;
+  Scratch<T> scratch(threads, H + 4 * W);
+  parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
     Block<T> blk(s, st, item, A, delta_bias, D, softplus);
-    std::vector<T> h(s.d_state * kBlock, T(0)), windows(4 * W);
-    T *uw = windows.data(), *dw = uw + W, *zw = dw + W, *yw = zw + W;
+    T* h = scratch.of(tid);  // the state, zero at the start of each item; then the windows, written before read
+    std::fill(h, h + H, T(0));
+    T *uw = h + H, *dw = uw + W, *zw = dw + W, *yw = zw + W;
     T dt[kBlock], du[kBlock], core[kBlock];
     for (int64_t ti = 0; ti < tiles; ++ti) {
       const Tile tile(ti, L, reverse);
@@ -317,8 +336,7 @@ void forward(const Shape& s, const Strides* st, const T* u, const T* delta, cons
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
         blk.load(uw + o, dw + o, dt, du);
-        blk.template step<false, true>(dt, du, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h.data(), h.data(), nullptr,
-                                       core);
+        blk.template step<false, true>(dt, du, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h, h, nullptr, core);
         blk.store(core, uw + o, z ? zw + o : nullptr, yw + o);
       }
       blk.scatter(yw, kY, tile, y);
@@ -338,17 +356,21 @@ template <class T>
 void backward(const Shape& s, const Strides* st, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
               const T* delta_bias, bool softplus, const T* D, const T* z, const T* dy, T* du_out, T* ddelta_out,
               T* dA_part, T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz_out, bool reverse, int threads) {
-  const int64_t N = s.d_state, L = s.length, W = N * kBlock, V = kChunk * kBlock;
+  const int64_t N = s.d_state, L = s.length, W = N * kBlock, span = tile_span(L), V = span * kBlock;
   const int64_t tiles = (L + kChunk - 1) / kChunk;
+  // Per thread: h, g, dA (zeroed per item), then the tile starts, the tile's states and decays, and the windows,
+  // each written before it is read.
+  Scratch<T> scratch(threads, 3 * W + tiles * W + 2 * span * W + 10 * V);
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
     Block<T> blk(s, st, item, A, delta_bias, D, softplus);
-    std::vector<T> starts(tiles * W), hs(kChunk * W), as(kChunk * W), h(W, T(0)), g(W, T(0)), dA(W, T(0));
-    std::vector<T> windows(10 * V);
-    T *uw = windows.data(), *dw = uw + V, *gw = dw + V, *zw = gw + V, *cw = zw + V, *duw = cw + V, *ddw = duw + V,
+    T* h = scratch.of(tid);
+    T *g = h + W, *dA = g + W, *starts = dA + W, *hs = starts + tiles * W, *as = hs + span * W;
+    std::fill(h, h + 3 * W, T(0));
+    T *uw = as + span * W, *dw = uw + V, *gw = dw + V, *zw = gw + V, *cw = zw + V, *duw = cw + V, *ddw = duw + V,
       *dzw = ddw + V, *dtw = dzw + V, *dxw = dtw + V;  // dtw, dxw: each step's dt and dt u, from the recompute
     T dt[kBlock], du[kBlock], sgb[kBlock], sdd[kBlock], gy[kBlock], dD[kBlock] = {}, dbias[kBlock] = {};
     for (int64_t ti = 0; ti < tiles; ++ti) {  // states at tile starts
-      std::memcpy(&starts[ti * W], h.data(), W * sizeof(T));
+      std::memcpy(&starts[ti * W], h, W * sizeof(T));
       if (ti + 1 == tiles) break;  // the last tile's own steps lead to no start: at L <= kChunk, no pass at all
       const Tile tile(ti, L, reverse);
       blk.gather(u, kU, tile, uw);
@@ -356,7 +378,7 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
         blk.load(uw + o, dw + o, dt, du);
-        blk.template step<false, false>(dt, du, Bm + blk.bc(kB, t), nullptr, h.data(), h.data(), nullptr, nullptr);
+        blk.template step<false, false>(dt, du, Bm + blk.bc(kB, t), nullptr, h, h, nullptr, nullptr);
       }
     }
     T* dB_t = dB_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
