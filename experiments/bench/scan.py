@@ -23,7 +23,7 @@ dim 192), N=16, in bf16 or fp32 (`--dtype`), and prints one table; see `bench_cu
 
 Usage:
     python -m experiments.bench.scan --device cpu --num-threads 1
-    python -m experiments.bench.scan --device cpu --long --d-state 1      # vmamba's N, to 16K
+    python -m experiments.bench.scan --device cpu --long --d-state 1 --no-gate   # vmamba's scan, to 16K
     python -m experiments.bench.scan --mamba-src /tmp/mamba_src/mamba_ssm-2.3.2.post1 --lengths 1024
     python -m experiments.bench.scan --device cuda --dtype bf16
 """
@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-seconds", type=positive_float, default=0.2, help="target length of one timed block")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--skip-float64", action="store_true", help="skip the float64 reference (slow at large L)")
+    parser.add_argument("--no-gate", action="store_true",
+                        help="scan without the z gate, as vmamba does (with --d-state 1 its problem); CPU only")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: time the GPU implementations over L = 1K..64K instead (see bench_cuda)")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="input dtype with --device cuda")
@@ -248,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="where the rows go, with provenance columns (default: "
                              "results/local/bench/scan_<device>_<dtype>.csv)")
     args = parser.parse_args(argv)
+    if args.no_gate and args.device == "cuda":
+        parser.error("--no-gate times the CPU scans; the CUDA bench runs Vim's gated scan (drop --no-gate)")
     dtype_name = args.dtype if args.device == "cuda" else "fp32"
     csv_path = args.csv or Path("results/local/bench") / f"scan_{args.device}_{dtype_name}.csv"
     if args.device == "cuda":
@@ -283,13 +287,16 @@ def main(argv: list[str] | None = None) -> None:
 
     prov = provenance_columns(torch.device("cpu"), args.repeats)
     print(f"selective scan, B={args.batch} D={args.channels} N={args.d_state}, L = {', '.join(map(str, lengths))}, "
-          f"fp32, with D, z, delta_bias, softplus; torch {torch.__version__}, {args.num_threads} thread(s)")
+          f"fp32, with D, {'no z' if args.no_gate else 'z'}, delta_bias, softplus; torch {torch.__version__}, "
+          f"{args.num_threads} thread(s)")
     print(provenance_line(prov) + "\n")
     print(_TABLE_HEAD, flush=True)
     rows = []
     for length in lengths:
         first = len(rows)
         inputs = make_inputs(args.batch, args.channels, length, args.d_state, args.seed)
+        if args.no_gate:
+            del inputs["z"]
         dy = torch.randn(args.batch, args.channels, length, generator=torch.Generator().manual_seed(args.seed + 1))
         exact = None
         if not args.skip_float64:
@@ -324,7 +331,8 @@ def main(argv: list[str] | None = None) -> None:
         # Each length is printed and saved as soon as it is done: --long's 16K with the float64 reference ran past
         # 20 minutes on 2 cores, and a run stopped there had shown and kept nothing.
         write_rows(csv_path, [{**row, "dtype": "fp32", "num_threads": args.num_threads, "channels": args.channels,
-                               "d_state": args.d_state, "batch": args.batch, **prov} for row in rows])
+                               "d_state": args.d_state, "batch": args.batch, "z_gate": not args.no_gate, **prov}
+                              for row in rows])
         for line in _table_lines(rows[first:], args.skip_float64):
             print(line, flush=True)
 
