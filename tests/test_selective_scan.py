@@ -563,3 +563,20 @@ def test_vmamba_scans_its_four_directions_in_one_call(monkeypatch: pytest.Monkey
     mixer = create_mixer("vmamba", 16, 2)
     mixer(torch.randn(2, 3 * 5, 16), (3, 5))
     assert calls == [((2, 4 * mixer.d_inner, 15), (2, 4, mixer.d_state, 15))]
+
+
+def test_compiled_mamba_takes_the_scan_choice_as_a_constant() -> None:
+    """torch.compile runs the choice once while tracing: Dynamo neither traces into the cached import and build
+    checks (it warned that it ignores their caches, on every compiled mamba and vmamba) nor changes the result."""
+    import warnings
+
+    from mixers import create_mixer
+
+    torch.manual_seed(0)
+    mixer = create_mixer("mamba", 32, 2)
+    x = torch.randn(2, 16, 32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(mixer)(x, (4, 4))
+    assert not [w for w in caught if "lru_cache" in str(w.message)]
+    torch.testing.assert_close(compiled, mixer(x, (4, 4)))

@@ -140,6 +140,9 @@ def _warn_mamba_ssm_broken(reason: str) -> None:
     warnings.warn(f"selective scan: {reason}; using the next implementation", RuntimeWarning, stacklevel=3)
 
 
+# Compiled, the choice is made once while tracing and kept as a constant: Dynamo would otherwise trace into the
+# cached import and build checks below (warning that it ignores their caches) on every graph.
+@torch.compiler.assume_constant_result
 def resolve_scan_impl(impl: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
     """The implementation `selective_scan` runs for `impl` on tensors of `device` and `dtype`.
 
