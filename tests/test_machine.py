@@ -67,12 +67,23 @@ def _environment(p: Point) -> dict:
             "malloc": {name: os.environ.get(name) for name in MALLOC_ENV}}
 
 
-def test_points_run_with_passive_openmp_waits_and_fixed_malloc_thresholds() -> None:
+def test_points_run_with_the_wait_policy_the_sweep_chose_and_fixed_malloc_thresholds() -> None:
+    import os
+
     from experiments.sweep.isolation import MALLOC_ENV
 
     row = run_isolated(_environment, point(), 60)
-    assert row["omp"] == "PASSIVE", row
+    assert row["omp"] == os.environ.get("OMP_WAIT_POLICY", ""), row  # set in this process before the server
     assert row["malloc"] == MALLOC_ENV, row
+
+
+def test_openmp_threads_wait_passively_only_where_other_work_takes_a_core() -> None:
+    """Passive waits protect the points from a busy machine; on a quiet one they cost every parallel region a
+    wake-up (a batch-1 CPU forward took ~1.8x as long), so the OpenMP runtime's default stays there."""
+    from experiments.sweep.isolation import openmp_wait_policy
+
+    assert openmp_wait_policy(0.0) is None and openmp_wait_policy(0.2) is None
+    assert openmp_wait_policy(0.9) == "PASSIVE" and openmp_wait_policy(1.5) == "PASSIVE"
 
 
 def test_a_sweep_row_records_threads_and_load(tmp_path: Path) -> None:
@@ -87,6 +98,7 @@ def test_a_sweep_row_records_threads_and_load(tmp_path: Path) -> None:
     assert int(row["cpu_threads"]) >= 1
     assert float(row["load_start"]) >= 0 and float(row["load_end"]) >= 0
     assert 0 <= float(row["busy_start"]) <= 2 * (os.cpu_count() or 1)
+    assert row["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "")  # what the fork server was started with
 
 
 def test_killed_point_leaves_no_workers_and_no_warnings(tmp_path: Path) -> None:

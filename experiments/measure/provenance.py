@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import subprocess
 from functools import lru_cache
@@ -90,6 +91,7 @@ def provenance(device: torch.device) -> dict[str, object]:
         "cuda_version": torch.version.cuda or "",
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "python_version": platform.python_version(),
         **math_settings(device),
         **nvidia_smi(device),

@@ -19,8 +19,24 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from ..measure.point import Point
+from .machine import busy_cores
 
 Row = dict[str, object]
+
+# A core counts as taken by other work when it is over a quarter busy (as machine.choose_threads counts them).
+TAKEN_CORE = 0.25
+
+
+def openmp_wait_policy(busy: float) -> str | None:
+    """OMP_WAIT_POLICY for the points: PASSIVE where other work keeps a core busy (`busy` cores), else None, the
+    OpenMP runtime's default (spin a while at a barrier, then sleep).
+
+    Passive waits are what a shared machine needs: a spinning thread took the core from the thread it waited for
+    (experiments/sweep/machine.py). On a quiet machine they cost every parallel region a wake-up: a batch-1
+    forward of the tiny ViT at 196 tokens ran about 1.8x slower on an Intel Xeon, less on an AMD EPYC, so the
+    small-N end of every CPU wall measured wake-ups, and it is not how a user's PyTorch runs.
+    """
+    return "PASSIVE" if busy > TAKEN_CORE else None
 
 
 def _limit_address_space(extra_mb: int) -> None:
@@ -101,10 +117,11 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_
 def _context() -> mp.context.BaseContext:
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
-    # Set before the fork server starts (it and every point inherit it; OpenMP reads it when torch loads):
-    # waiting OpenMP threads sleep instead of spinning, which on a busy machine took the core from the thread
-    # they waited for (experiments/sweep/machine.py). A value the user set is kept.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Set before the fork server starts (it and every point inherit it; OpenMP reads it when torch loads): passive
+    # waits where other work keeps a core busy now, the runtime's default on a quiet machine (openmp_wait_policy).
+    # A value the user set is kept; rows record what the points ran with (`omp_wait_policy`).
+    if "OMP_WAIT_POLICY" not in os.environ and (policy := openmp_wait_policy(busy_cores(0.5))):
+        os.environ["OMP_WAIT_POLICY"] = policy
     for name, value in MALLOC_ENV.items():
         os.environ.setdefault(name, value)
     ctx = mp.get_context("forkserver")

@@ -4,8 +4,9 @@ On a shared CPU machine the sweep adapts instead of assuming it is alone (KERNEL
 machine"): OpenMP threads spin at barriers, so two threads on two cores with one core taken by another process
 ran a training epoch 4x slower than on a quiet machine, and 2.5x slower than one thread. The sweep therefore
 
-- sets `OMP_WAIT_POLICY=PASSIVE` for its workers (isolation.py, before the fork server starts), so a waiting
-  thread sleeps instead of taking the core from the thread it waits for;
+- sets `OMP_WAIT_POLICY=PASSIVE` for its workers where other work keeps a core busy when its fork server starts
+  (isolation.py's `openmp_wait_policy`), so a waiting thread sleeps instead of taking the core from the thread it
+  waits for; on a quiet machine the runtime's default stays (passive waits cost every parallel region a wake-up);
 - fixes glibc's malloc thresholds for its workers (isolation.py's `MALLOC_ENV`), so a point is not timed slower
   for the page faults of a heap that glibc trims after every call;
 - runs each CPU point on the cores that were free when the sweep started (`num_threads = 0`);
