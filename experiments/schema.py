@@ -113,8 +113,8 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "cuda_version",
     "device_name",
     "cpu_threads",
-    # OMP_WAIT_POLICY the point ran with (PASSIVE where the sweep found other work on the cores, or the user's);
-    # empty: the OpenMP runtime's default
+    # OMP_WAIT_POLICY the point ran with: PASSIVE where the sweep found other work on the cores, the user's value,
+    # or "default" (the OpenMP runtime's own); empty in rows written before the column, which it cannot tell
     "omp_wait_policy",
     "python_version",
     "tf32",  # CUDA float32 matmuls may use TF32 (torch.backends.cuda.matmul.allow_tf32); empty on CPU

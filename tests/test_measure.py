@@ -132,7 +132,6 @@ def test_a_measured_row_is_complete(mixer: str) -> None:
                       "flops_to_target", "curve_points",  # the learning curve's and the convergence rule's
                       "tf32", "gpu_clock_mhz", "driver_version",  # CUDA-only provenance, empty on CPU by design
                       "triton_version", "mamba_ssm_version",  # empty where the package is not installed
-                      "omp_wait_policy",  # empty where the OpenMP runtime's default ran (a quiet machine)
                       "load_start", "load_end", "busy_start",  # the sweep's, added when it records the row
                       "predicted_latency_ms", "predicted_peak_mem_mb", "predicted_train_step_ms",
                       "predicted_train_peak_mem_mb", "predicted_point_s"}  # the planner's, likewise

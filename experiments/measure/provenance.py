@@ -91,7 +91,7 @@ def provenance(device: torch.device) -> dict[str, object]:
         "cuda_version": torch.version.cuda or "",
         "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
         "python_version": platform.python_version(),
         **math_settings(device),
         **nvidia_smi(device),
