@@ -33,8 +33,9 @@ def openmp_wait_policy(busy: float) -> str | None:
 
     Passive waits are what a shared machine needs: a spinning thread took the core from the thread it waited for
     (experiments/sweep/machine.py). On a quiet machine they cost every parallel region a wake-up: a batch-1
-    forward of the tiny ViT at 196 tokens ran about 1.8x slower on an Intel Xeon, less on an AMD EPYC, so the
-    small-N end of every CPU wall measured wake-ups, and it is not how a user's PyTorch runs.
+    forward of the tiny ViT at 196 tokens ran far slower on an Intel Xeon, less so on an AMD EPYC (81add95's
+    message has the measurement), so the small-N end of every CPU wall measured wake-ups, which is not how a
+    user's PyTorch runs.
     """
     return "PASSIVE" if busy > TAKEN_CORE else None
 
