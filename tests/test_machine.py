@@ -80,7 +80,7 @@ def test_points_run_with_the_wait_policy_the_sweep_chose_and_fixed_malloc_thresh
 def test_openmp_threads_wait_passively_only_where_other_work_takes_a_core() -> None:
     """Passive waits protect the points from a busy machine; on a quiet one they cost every parallel region a
     wake-up (a batch-1 CPU forward took far longer), so the OpenMP runtime's default stays there."""
-    from experiments.sweep.isolation import openmp_wait_policy
+    from experiments.sweep.machine import openmp_wait_policy
 
     assert openmp_wait_policy(0.0) is None and openmp_wait_policy(0.2) is None
     assert openmp_wait_policy(0.9) == "PASSIVE" and openmp_wait_policy(1.5) == "PASSIVE"

@@ -19,25 +19,9 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from ..measure.point import Point
-from .machine import busy_cores
+from .machine import busy_cores, openmp_wait_policy
 
 Row = dict[str, object]
-
-# A core counts as taken by other work when it is over a quarter busy (as machine.choose_threads counts them).
-TAKEN_CORE = 0.25
-
-
-def openmp_wait_policy(busy: float) -> str | None:
-    """OMP_WAIT_POLICY for the points: PASSIVE where other work keeps a core busy (`busy` cores), else None, the
-    OpenMP runtime's default (spin a while at a barrier, then sleep).
-
-    Passive waits are what a shared machine needs: a spinning thread took the core from the thread it waited for
-    (experiments/sweep/machine.py). On a quiet machine they cost every parallel region a wake-up: a batch-1
-    forward of the tiny ViT at 196 tokens ran far slower on an Intel Xeon, less so on an AMD EPYC (81add95's
-    message has the measurement), so the small-N end of every CPU wall measured wake-ups, which is not how a
-    user's PyTorch runs.
-    """
-    return "PASSIVE" if busy > TAKEN_CORE else None
 
 
 def _limit_address_space(extra_mb: int) -> None:

@@ -5,7 +5,7 @@ machine"): OpenMP threads spin at barriers, so two threads on two cores with one
 ran a training epoch 4x slower than on a quiet machine, and 2.5x slower than one thread. The sweep therefore
 
 - sets `OMP_WAIT_POLICY=PASSIVE` for its workers where other work keeps a core busy when its fork server starts
-  (isolation.py's `openmp_wait_policy`), so a waiting thread sleeps instead of taking the core from the thread it
+  (`openmp_wait_policy`, applied in isolation.py), so a waiting thread sleeps instead of taking the core from the thread it
   waits for; on a quiet machine the runtime's default stays (passive waits cost every parallel region a wake-up);
 - fixes glibc's malloc thresholds for its workers (isolation.py's `MALLOC_ENV`), so a point is not timed slower
   for the page faults of a heap that glibc trims after every call;
@@ -31,6 +31,8 @@ LIMIT_MULTIPLE = 20.0
 # The least limit a point gets when the user gave none: a hung point is stopped after this long at most when its
 # prediction is small (or unknown).
 AUTOMATIC_FLOOR_S = 1800.0
+# A core counts as taken by other work when it is busier than this share of its time.
+TAKEN_CORE = 0.25
 
 
 def usable_cpus() -> int:
@@ -75,9 +77,21 @@ def busy_cores(sample_s: float = 1.0) -> float:
 
 
 def choose_threads(cpus: int, busy: float) -> int:
-    """Threads for a point: the cores not taken by others (a core counts as taken when it is over a quarter
+    """Threads for a point: the cores not taken by others (a core counts as taken when it is over TAKEN_CORE
     busy), at least one."""
-    return max(1, min(cpus, math.floor(cpus - busy + 0.75)))
+    return max(1, min(cpus, math.floor(cpus - busy + (1 - TAKEN_CORE))))
+
+
+def openmp_wait_policy(busy: float) -> str | None:
+    """OMP_WAIT_POLICY for the points: PASSIVE where other work keeps a core busy (`busy` cores), else None, the
+    OpenMP runtime's default (spin a while at a barrier, then sleep).
+
+    Passive waits are what a shared machine needs: a spinning thread took the core from the thread it waited for
+    (this module's docstring). On a quiet machine they cost every parallel region a wake-up: a batch-1 forward of
+    the tiny ViT at 196 tokens ran far slower on an Intel Xeon, less so on an AMD EPYC (81add95's message has the
+    measurement), so the small-N end of every CPU wall measured wake-ups, which is not how a user's PyTorch runs.
+    """
+    return "PASSIVE" if busy > TAKEN_CORE else None
 
 
 def matmul_rate(threads: int) -> float:
