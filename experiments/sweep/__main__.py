@@ -23,7 +23,7 @@ from ..train.datasets import DATASET_NAMES, DatasetError
 from .config import (GRID_FIELDS, SWEEP_FIELDS, ConfigError, SweepConfig, _digest, apply_flags, batch_size_arg,
                      config_from_dict, describe_runs, flag_built_values, flag_to_option, load_config, named_configs,
                      union_points)
-from .lr_stages import seed_points, stage_lines
+from .lr_stages import SeedStage, seed_points, stage_lines
 from .plan import Budget, Planner, budget_order, load_note, plan_lines, side_by_side_order
 from .machine import (busy_cores, choose_threads, fit_to_machine, load_average, matmul_rate, usable_cpus,
                       with_limits_given)
@@ -423,15 +423,20 @@ def main(argv: list[str] | None = None) -> int:
             check_clean_tree(config.out_dir, args.allow_dirty)
         done_rows = read_rows(config.out_dir / "runs.csv")  # refuse a foreign or damaged runs.csv before running
         check_thread_counts(points, done_rows, config.out_dir)
-        # A dry run is refused as the real run would be, at once.
-        check_machine(points, latest_by_key(done_rows), args, config.out_dir)
+        # A dry run is refused as the real run would be, at once: for the seeds whose grid is done too, which the
+        # real run checks only once its grid stage has run.
+        done = latest_by_key(done_rows)
+        check_machine(points, done, args, config.out_dir)
+        seeds = seed_points(config, list_mixers(), done) if args.dry_run else None
+        if seeds is not None:
+            check_machine(seeds.ready, done, args, config.out_dir)
         if args.slurm and config.launcher != "submitit":
             raise ConfigError("--slurm submits through submitit: add --launcher submitit")
     except (ConfigError, RunsFileError, DatasetError, OutDirError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
-        return _dry_run(config, run_points, args, applied, data_notes)
+        return _dry_run(config, run_points, args, applied, data_notes, seeds)
     try:
         with SweepLock(config.out_dir):  # one sweep per results folder; the second says who holds it
             return _run_and_report(config, points, args, started)
@@ -519,22 +524,15 @@ def _build_planner(config: SweepConfig, points: list[Point], args: argparse.Name
 
 
 def _dry_run(config: SweepConfig, run_points: list[list[Point]], args: argparse.Namespace,
-             applied: FlagsApplied, data_notes: list[str]) -> int:
+             applied: FlagsApplied, data_notes: list[str], stage: SeedStage) -> int:
     """Prints what each run is and the plan: every point with its predicted cost, in the order a budgeted sweep
     would run them (with --no-plan, the points alone, nothing measured); `data_notes` say which data this
-    machine lacks (a dry run plans from sizes, not images)."""
+    machine lacks (a dry run plans from sizes, not images); `stage` is the seed stage the folder's rows leave."""
     from mixers import list_mixers
 
     started = time.perf_counter()
     points = union_points(run_points)
     shared = sum(len(run) for run in run_points) - len(points)
-    done = latest_by_key(read_rows(config.out_dir / "runs.csv"))
-    stage = seed_points(config, list_mixers(), done)
-    try:  # seeds whose grid is done already run next: refused here as the real run would refuse them
-        check_machine(stage.ready, done, args, config.out_dir)
-    except ConfigError as error:
-        print(f"python -m experiments.sweep: error: {error}", file=sys.stderr)
-        return 2
     seeds_after_grid = len(stage.ready) + len(stage.waiting)
     print("\n".join([applied.header, *describe_runs(config, list_mixers(), run_points, applied.taken), *data_notes]))
     print(f"{len(points) + seeds_after_grid} points in all"
