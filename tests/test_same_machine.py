@@ -10,14 +10,18 @@ from experiments.sweep.__main__ import main
 from tiny_sweep import tiny_config, write_config
 
 
+def _write_rows(runs: Path, rows: list[dict[str, str]]) -> None:
+    with runs.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def _rename_machine(runs: Path, name: str, **fields: str) -> None:
     """Says another machine measured every row of `runs` (with `fields` set in each row too)."""
     with runs.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    with runs.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows({**row, "device_name": name, **fields} for row in rows)
+    _write_rows(runs, [{**row, "device_name": name, **fields} for row in rows])
 
 
 def test_a_resume_on_another_cpu_model_is_refused_unless_allowed(tmp_path: Path, capsys) -> None:
@@ -87,10 +91,7 @@ def test_rows_that_say_nothing_of_the_machine_do_not_refuse(tmp_path: Path, caps
 
     _rename_machine(out / "runs.csv", "Another CPU")  # now a folder of its timings ...
     rows = read_rows(out / "runs.csv")
-    with (out / "runs.csv").open("w", newline="") as f:  # ... and one of this machine's
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows[:-1] + [{**rows[-1], "device_name": here}])
+    _write_rows(out / "runs.csv", rows[:-1] + [{**rows[-1], "device_name": here}])  # ... and one of this machine's
     capsys.readouterr()
     three = tmp_path / "three.toml"
     three.write_text(tiny_config(["attention"], [16, 32, 48]))
