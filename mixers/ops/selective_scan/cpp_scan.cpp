@@ -178,6 +178,29 @@ inline void update_lanes(const T* __restrict dt, const T* __restrict An, const T
   }
 }
 
+// A step's gradients of the raw delta and of u from the scan's (sdd: of dt through the decays, sgb: of dt u through
+// B), the skip's and softplus's: d raw delta = d dt sigmoid(delta + bias). A free function on restrict pointers with
+// softplus a template flag: written inline in the backward's loop, the compiler could not prove its rows apart and
+// ran the scalar fallback of the loop, the largest single cost of the backward at N = 1.
+template <class T, bool Softplus>
+inline void input_grads_lanes(const T* __restrict delta, const T* __restrict bias, const T* __restrict sdd,
+                              const T* __restrict sgb, const T* __restrict u, const T* __restrict dt,
+                              const T* __restrict gy, const T* __restrict skip, T* __restrict ddelta,
+                              T* __restrict du, T* __restrict dbias) {
+#pragma omp simd
+  for (int64_t c = 0; c < kBlock; ++c) {
+    const T d_dt = sdd[c] + sgb[c] * u[c];
+    T d_pre = d_dt;
+    if constexpr (Softplus) {
+      const T pre = delta[c] + bias[c];
+      d_pre = d_dt * (pre > T(20) ? T(1) : sigmoid_lane(pre));
+    }
+    ddelta[c] = d_pre;
+    dbias[c] += d_pre;
+    du[c] = sgb[c] * dt[c] + gy[c] * skip[c];
+  }
+}
+
 // A tile of the sequence: kChunk steps, taken in the order the scan runs (from the end when reversed). Steps
 // [t0, t1); the k-th step run in it is t0 + at(k).
 struct Tile {
@@ -242,6 +265,12 @@ struct Block {
   void gather(const T* src, Slot slot, const Tile& tile, T* w) const {
     const Strides& x = st[slot];
     const T* base = src + b * x.b + d0 * x.d + tile.t0 * x.t;
+    if (x.d == 1 && nd == kBlock) {  // a whole block: plain row copies (the masked form below ran scalar)
+      for (int64_t j = 0; j < tile.size(); ++j)
+#pragma omp simd
+        for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = base[j * x.t + c];
+      return;
+    }
     if (x.d == 1) {
       for (int64_t j = 0; j < tile.size(); ++j)
         for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = c < nd ? base[j * x.t + c] : T(0);
@@ -448,15 +477,10 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
           dBr[n] += db;
           dCr[n] += dc;
         }
-#pragma omp simd
-        for (int64_t c = 0; c < kBlock; ++c) {  // the skip, then softplus: d raw delta = d dt sigmoid(delta + bias)
-          const T pre = dw[o + c] + blk.bias[c];
-          const T d_dt = sdd[c] + sgb[c] * ur[c];
-          const T d_pre = softplus ? d_dt * (pre > T(20) ? T(1) : sigmoid_lane(pre)) : d_dt;
-          ddw[o + c] = d_pre;
-          dbias[c] += d_pre;
-          duw[o + c] = sgb[c] * dt[c] + gy[c] * blk.skip[c];
-        }
+        if (softplus)
+          input_grads_lanes<T, true>(dw + o, blk.bias, sdd, sgb, ur, dt, gy, blk.skip, ddw + o, duw + o, dbias);
+        else
+          input_grads_lanes<T, false>(dw + o, blk.bias, sdd, sgb, ur, dt, gy, blk.skip, ddw + o, duw + o, dbias);
       }
       blk.scatter(ddw, kDdelta, tile, ddelta_out);
       blk.scatter(duw, kDu, tile, du_out);
