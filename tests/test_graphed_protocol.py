@@ -161,3 +161,21 @@ def test_a_library_allocation_failure_in_capture_stays_an_out_of_memory(monkeypa
     with pytest.raises(RuntimeError, match="ALLOC_FAILED") as error:
         graphed.capture(lambda: None, torch.device("cpu"))
     assert not isinstance(error.value, graphed.GraphUnavailable)
+
+
+def test_the_cpu_training_step_times_the_foreach_adamw_the_trainers_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU the cost step's AdamW is the trainers' foreach one, not PyTorch's per-parameter loop (its CPU
+    default), which would charge a mixer for the number of tensors its parameters come in."""
+    made: list[torch.optim.AdamW] = []
+
+    class Recorded(torch.optim.AdamW):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recorded)
+    model = run.create_vit("micro", mixer="attention", img_size=16, patch_size=8, depth=1)
+    result = run.measure_train_step(model, Point(**TINY, batch_size=2, timing=QUICK), torch.float32,
+                                    torch.device("cpu"))
+    assert result["train_step_ms"] > 0
+    assert [optimizer.defaults["foreach"] for optimizer in made] == [True]

@@ -172,7 +172,9 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
     does: gradients set to None before capture, so each replay rewrites them. A step that cannot be captured
     raises `graphed.GraphUnavailable`. On CUDA both regimes step AdamW with `capturable=True` (its step count
     and bias corrections on the device, a few more small kernels than the host-side default), so eager and
-    graphed rows time the same kernels; elsewhere the default AdamW.
+    graphed rows time the same kernels; elsewhere the foreach AdamW the trainers step
+    (`experiments.train.device_trainer.make_optimizer`), not PyTorch's CPU default, a Python loop over the
+    parameters that charged a mixer for how many tensors its parameters are split into.
     """
     batch = batch or point.batch_size
     is_graphed = point.timing_mode == "graphed"
@@ -180,7 +182,7 @@ def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: tor
     x = torch.randn(batch, model.in_chans, *model.img_size, device=device)
     y = torch.randint(0, model.num_classes, (batch,), device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                  **({"capturable": True} if device.type == "cuda" else {}))
+                                  **({"capturable": True} if device.type == "cuda" else {"foreach": True}))
 
     def autocast() -> AbstractContextManager:  # a graph cannot hold autocast's weight cache
         if dtype == torch.float32:
