@@ -80,4 +80,6 @@ def weight_grad(grad: Tensor, x: Tensor, weight: Tensor, left: int) -> Tensor:
     getattr(_library(), f"mixerbench_token_conv_dweight_{_CTYPE[x.dtype]}")(
         *_leading(x, weight, left), _ptr(grad), _ptr(part), threads
     )
-    return part.sum(0).t().unsqueeze(1)  # (C, 1, K)
+    # Contiguous, as the op's fake promises: compiled training asserts the strides of a custom op's outputs, and
+    # the transposed sum (strides (1, K, C)) failed there.
+    return part.sum(0).t().contiguous().unsqueeze(1)  # (C, 1, K)

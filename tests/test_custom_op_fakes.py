@@ -1,0 +1,62 @@
+"""The CPU custom ops' outputs carry the shapes, dtypes and strides their fakes promise.
+
+A compiled graph (torch.compile, training included) plans its buffers from the fakes and asserts the real outputs'
+strides against them: a transposed gradient where the fake says contiguous failed compiled training of every mixer
+with a depthwise token conv. `torch.library.opcheck` compares values, not strides, so it did not see it.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import mixers  # noqa: F401 - registers the ops
+from mixers.ops.selective_scan import cpp_scan
+from mixers.ops.token_conv import cpp_conv
+
+
+def _assert_fake_matches(op, *args) -> None:
+    real = op(*args)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    real, fake = ((t,) if isinstance(t, torch.Tensor) else tuple(t) for t in (real, fake))
+    assert len(real) == len(fake)
+    for i, (r, f) in enumerate(zip(real, fake)):
+        assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride()), f"output {i} of {op}"
+
+
+def _time_major(batch: int, length: int, channels: int) -> torch.Tensor:
+    """(B, L, C) as a view of a wider projection's output, as the mixers hand it to the conv."""
+    return torch.randn(batch, length, 2 * channels)[..., :channels]
+
+
+@pytest.mark.parametrize("left", [0, 3])
+def test_depthwise_conv_tokens_and_its_backward(left: int) -> None:
+    if cpp_conv.unavailable_reason() is not None:
+        pytest.skip(f"the compiled conv is unavailable: {cpp_conv.unavailable_reason()}")
+    x, weight, bias = _time_major(2, 9, 5), torch.randn(5, 1, 4), torch.randn(5)
+    _assert_fake_matches(torch.ops.mixerbench.depthwise_conv_tokens.default, x, weight, bias, left)
+    grad = torch.randn(2, 9, 5)
+    for has_bias in (True, False):
+        _assert_fake_matches(torch.ops.mixerbench.depthwise_conv_tokens_backward.default, grad, x, weight, has_bias,
+                             left)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cpp_selective_scan_and_its_backward(groups: int, reverse: bool) -> None:
+    if cpp_scan.cpp_unavailable_reason(torch.device("cpu"), torch.float32) is not None:
+        pytest.skip("the C++ scan is unavailable here")
+    batch, channels, length, d_state = 2, 8, 7, 3
+    u, delta, z = (_time_major(batch, length, channels).transpose(1, 2) for _ in range(3))  # (B, D, L) views
+    bc = torch.randn(batch, length, groups, 2 * d_state)  # B and C as views of x_proj's output, per group
+    B, C = (bc[..., s : s + d_state].permute(0, 2, 3, 1) for s in (0, d_state))  # (B, G, N, L)
+    if groups == 1:
+        B, C = B[:, 0], C[:, 0]
+    A, D, delta_bias = -torch.rand(channels, d_state), torch.randn(channels), torch.randn(channels)
+    args = (u, delta, A, B, C, D, z, delta_bias, True, reverse)
+    _assert_fake_matches(torch.ops.mixerbench.selective_scan_cpp.default, *args)
+    dy = torch.randn(batch, length, channels).transpose(1, 2)
+    _assert_fake_matches(torch.ops.mixerbench.selective_scan_cpp_bwd.default, dy, *args)
+    no_options = (u, delta, A, B, C, None, None, None, False, reverse)
+    _assert_fake_matches(torch.ops.mixerbench.selective_scan_cpp_bwd.default, dy, *no_options)
