@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
 Grid = tuple[int, int]
@@ -56,6 +57,23 @@ def check_tokens(x: Tensor, grid: Grid) -> None:
 # MACs of custom ops that the counters cannot see into, by op name ("namespace::name"), as a function of the
 # shapes of the op's tensor inputs. A mixer that adds a custom op registers its formula here, so fvcore's
 # counter in experiments/measure/counting.py gets a handle for it without that code knowing the mixer.
+def grid_cached(cache: dict, key: tuple, build: Callable[[], object]) -> object:
+    """`cache[key]`, built by `build()` on first use: the per-grid tensors (indices, masks) a mixer keeps out of its
+    state dict.
+
+    Built outside inference mode, and kept apart per inference mode: eagerly, `inference_mode(False)` makes the
+    tensor usable by a training step later; compiled, Dynamo traces the build into the graph and the tensor comes
+    out of a graph run in the caller's mode, so an entry made under a compiled `inference_mode` forward is an
+    inference tensor that a compiled training step could not save for backward (it failed so for swin and
+    neighborhood). The mode in the key gives each its own.
+    """
+    key = (*key, torch.is_inference_mode_enabled())
+    if key not in cache:
+        with torch.inference_mode(False):
+            cache[key] = build()
+    return cache[key]
+
+
 CUSTOM_OP_MACS: dict[str, Callable[[list[tuple[int, ...] | None]], int]] = {}
 
 

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.flop_counter import FlopCounterMode
 
 from .attention import qkv_and_proj
-from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_tokens
+from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_tokens, grid_cached
 from .registry import register_mixer
 
 NEIGHBORHOOD_IMPLS = ("auto", "tiled", "gather", "flex", "flex_compiled")
@@ -250,20 +250,14 @@ class NeighborhoodAttention(TokenMixer):
         return "gather"
 
     def _indices(self, grid: Grid, device: torch.device) -> tuple[Tensor, Tensor]:
-        key = ("gather", grid, device)
-        if key not in self._cache:
-            with torch.inference_mode(False):  # a tensor made under inference_mode could not serve training later
-                self._cache[key] = neighbourhood_index(grid, self.kernel_size, 2 * self.kernel_size - 1, device)
-        return self._cache[key]
+        return grid_cached(self._cache, ("gather", grid, device),
+                           lambda: neighbourhood_index(grid, self.kernel_size, 2 * self.kernel_size - 1, device))
 
     def _block_mask(self, grid: Grid, device: torch.device):
-        key = ("flex", grid, device)
-        if key not in self._cache:
-            n = grid[0] * grid[1]
-            with torch.inference_mode(False):
-                self._cache[key] = _flex()[1](neighbourhood_mask_mod(grid, self.kernel_size), None, None, n, n,
-                                              device=device)
-        return self._cache[key]
+        n = grid[0] * grid[1]
+        return grid_cached(self._cache, ("flex", grid, device),
+                           lambda: _flex()[1](neighbourhood_mask_mod(grid, self.kernel_size), None, None, n, n,
+                                              device=device))
 
     def _attend_gather(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         keys, bias_index = self._indices(grid, q.device)
@@ -275,11 +269,8 @@ class NeighborhoodAttention(TokenMixer):
         return (scores.softmax(dim=-1) @ v_n).squeeze(-2)  # (B, heads, N, head_dim)
 
     def _tiles(self, grid: Grid, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        key = ("tiled", grid, device)
-        if key not in self._cache:
-            with torch.inference_mode(False):
-                self._cache[key] = neighbourhood_tiles(grid, self.kernel_size, 2 * self.kernel_size - 1, TILE, device)
-        return self._cache[key]
+        return grid_cached(self._cache, ("tiled", grid, device),
+                           lambda: neighbourhood_tiles(grid, self.kernel_size, 2 * self.kernel_size - 1, TILE, device))
 
     def _attend_tiled(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         queries, home, keys, bias_index = self._tiles(grid, q.device)

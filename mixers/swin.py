@@ -20,7 +20,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from .attention import qkv_and_proj, sdpa_backend_name
-from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_tokens
+from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_tokens, grid_cached
 from .registry import register_mixer
 
 # Finite, so that a query whose window holds only masked keys (a padded token's query) gets a uniform softmax
@@ -134,18 +134,11 @@ class SwinAttention(TokenMixer):
         return f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, shift={self.shift}"
 
     def _index(self, device: torch.device) -> Tensor:
-        key = ("index", device)
-        if key not in self._cache:
-            with torch.inference_mode(False):  # a tensor made under inference_mode could not serve training later
-                self._cache[key] = relative_position_index(self.window_size, device)
-        return self._cache[key]
+        return grid_cached(self._cache, ("index", device), lambda: relative_position_index(self.window_size, device))
 
     def _mask(self, grid: Grid, device: torch.device) -> Tensor | None:
-        key = ("mask", grid, device)
-        if key not in self._cache:
-            with torch.inference_mode(False):
-                self._cache[key] = window_mask(grid, self.window_size, self.shift, device)
-        return self._cache[key]
+        return grid_cached(self._cache, ("mask", grid, device),
+                           lambda: window_mask(grid, self.window_size, self.shift, device))
 
     def relative_position_bias(self) -> Tensor:
         """The bias that every window adds to its attention logits, shape `(heads, L, L)`."""

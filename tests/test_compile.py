@@ -19,6 +19,7 @@ from experiments.runs_csv import read_rows
 from experiments.sweep.__main__ import main
 from experiments.sweep.config import ConfigError, SweepConfig
 from experiments.sweep.isolation import run_isolated
+from models import create_vit
 from tiny_sweep import tiny_config, write_config
 
 QUICK = TimingProtocol(warmup=0, min_repeats=1, min_time_s=0.0)  # no warm-up: compilation must not need one
@@ -162,3 +163,20 @@ def test_compiled_training_trains() -> None:
     assert graphs_compiled() > 0
     assert any(not torch.equal(before[k], v) for k, v in weights(model).items())
     assert run_.result.accuracy is not None and 0 <= run_.result.accuracy <= 1
+
+
+@pytest.mark.parametrize("mixer", ["swin", "neighborhood"])
+def test_compiled_training_after_a_compiled_inference_under_inference_mode(mixer: str) -> None:
+    """A cost point runs the compiled forward under inference_mode, then the compiled training step on the same
+    model: the per-grid tensors the first cached (swin's mask and index, neighborhood's tiles) came out of an
+    inference-mode graph, and the training graph could not save them for backward (`mixers.base.grid_cached`)."""
+    torch._dynamo.reset()
+    model = create_vit("micro", mixer=mixer, img_size=32, patch_size=8, depth=1, num_classes=4)
+    compiled = torch.compile(model)
+    x = torch.randn(2, 3, 32, 32)
+    model.eval()
+    with torch.inference_mode():
+        compiled(x)
+    model.train()
+    torch.nn.functional.cross_entropy(compiled(x), torch.tensor([0, 1])).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
