@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -200,6 +201,70 @@ inline void input_grads_lanes(const T* __restrict delta, const T* __restrict bia
     du[c] = sgb[c] * dt[c] + gy[c] * skip[c];
   }
 }
+
+// Sums of the kBlock values of each of 2N rows (kBlock apart) added into a[r] for rows r < N and b[r - N] after:
+// the backward's dB and dC of one step, sums over a block's channels. Reduced one row at a time (a horizontal
+// reduction each, four dependent shuffle-and-add stages) they were about a quarter of the backward at N = 8. For
+// float on AVX-512, 16 rows at a time go through a transpose-and-add network instead (15 vector adds and 30
+// two-source shuffles for 16 sums), in the compiler's vector extensions. A 16-float vector is one register only
+// there: built for AVX2 or SSE2 the same network ran slower than the row-at-a-time sums, so those keep them.
+template <class T>
+inline void row_sums_scalar(const T* rows, int64_t first, int64_t end, int64_t N, T* a, T* b) {
+  for (int64_t r = first; r < end; ++r) {
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < kBlock; ++c) sum += rows[r * kBlock + c];
+    (r < N ? a[r] : b[r - N]) += sum;
+  }
+}
+
+template <class T>
+inline void row_sums(const T* rows, int64_t N, T* a, T* b) {
+  row_sums_scalar(rows, 0, 2 * N, N, a, b);
+}
+
+#if defined(__AVX512F__) && (defined(__GNUC__) || defined(__clang__))
+constexpr bool kRowNetwork = true;
+typedef float F16 __attribute__((vector_size(64)));
+typedef int32_t I16 __attribute__((vector_size(64)));
+static_assert(kBlock == 16, "the network below sums rows of 16 floats");
+#if defined(__clang__)
+#define MIXERBENCH_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define MIXERBENCH_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (I16){__VA_ARGS__})
+#endif
+
+// Each stage adds the two halves of every row's partial sums and packs two vectors' rows into one: 16 rows of 16
+// lanes, then 8 vectors holding 2 rows x 8 partial sums, 4 holding 4 x 4, 2 holding 8 x 2, 1 holding 16 x 1.
+inline F16 sum_16_rows(const float* rows) {
+  F16 v[16];
+  for (int r = 0; r < 16; ++r) std::memcpy(&v[r], rows + r * kBlock, sizeof(F16));
+  for (int i = 0; i < 8; ++i)
+    v[i] = MIXERBENCH_SHUFFLE(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           MIXERBENCH_SHUFFLE(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)
+    v[i] = MIXERBENCH_SHUFFLE(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           MIXERBENCH_SHUFFLE(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)
+    v[i] = MIXERBENCH_SHUFFLE(v[2 * i], v[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           MIXERBENCH_SHUFFLE(v[2 * i], v[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return MIXERBENCH_SHUFFLE(v[0], v[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         MIXERBENCH_SHUFFLE(v[0], v[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+#undef MIXERBENCH_SHUFFLE
+
+template <>
+inline void row_sums<float>(const float* rows, int64_t N, float* a, float* b) {
+  int64_t r = 0;
+  for (; r + 16 <= 2 * N; r += 16) {
+    const F16 sums = sum_16_rows(rows + r * kBlock);
+    for (int64_t j = 0; j < 16; ++j) (r + j < N ? a[r + j] : b[r + j - N]) += sums[j];
+  }
+  row_sums_scalar(rows, r, 2 * N, N, a, b);
+}
+#else
+constexpr bool kRowNetwork = false;
+#endif
 
 // A tile of the sequence: kChunk steps, taken in the order the scan runs (from the end when reversed). Steps
 // [t0, t1); the k-th step run in it is t0 + at(k).
@@ -389,11 +454,14 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
   const int64_t tiles = (L + kChunk - 1) / kChunk;
   // Per thread: h, g, dA (zeroed per item), then the tile starts, the tile's states and decays, and the windows,
   // each written before it is read.
-  Scratch<T> scratch(threads, 3 * W + tiles * W + 2 * span * W + 10 * V);
+  Scratch<T> scratch(threads, 5 * W + tiles * W + 2 * span * W + 10 * V);
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
     Block<T> blk(s, st, item, A, delta_bias, D, softplus);
     T* h = scratch.of(tid);
-    T *g = h + W, *dA = g + W, *starts = dA + W, *hs = starts + tiles * W, *as = hs + span * W;
+    // rows: a step's per-lane terms of dB (N rows) then dC (N rows), for row_sums' network where there is one and
+    // N >= 8 fills it; otherwise each is reduced in place (vmamba's N = 1 ran slower through the rows)
+    T *g = h + W, *dA = g + W, *rows = dA + W, *starts = rows + 2 * W, *hs = starts + tiles * W, *as = hs + span * W;
+    const bool through_rows = kRowNetwork && std::is_same_v<T, float> && 2 * N >= 16;
     std::fill(h, h + 3 * W, T(0));
     T *uw = as + span * W, *dw = uw + V, *gw = dw + V, *zw = gw + V, *cw = zw + V, *duw = cw + V, *ddw = duw + V,
       *dzw = ddw + V, *dtw = dzw + V, *dxw = dtw + V;  // dtw, dxw: each step's dt and dt u, from the recompute
@@ -462,10 +530,27 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
           const T bn = Bt[n], cn = Ct[n];
           T* gn = &g[o_n];
           T* dAn = &dA[o_n];
+          // The two forms differ only in what becomes of the dB and dC terms (kept per lane, or summed here).
+          if (through_rows) {
+            T* db = &rows[o_n];
+            T* dc = &rows[W + o_n];
+#pragma omp simd
+            for (int64_t c = 0; c < kBlock; ++c) {
+              const T gv = cn * gy[c] + gn[c];  // gn holds a_{t+1} g_{t+1}
+              const T dpre = gv * prev[o_n + c] * ak[o_n + c];
+              dc[c] = gy[c] * hk[o_n + c];
+              db[c] = gv * du[c];
+              sgb[c] += gv * bn;
+              sdd[c] += dpre * An[c];
+              dAn[c] += dpre * dt[c];
+              gn[c] = ak[o_n + c] * gv;
+            }
+            continue;
+          }
           T db = 0, dc = 0;
 #pragma omp simd reduction(+ : db, dc)
           for (int64_t c = 0; c < kBlock; ++c) {
-            const T gv = cn * gy[c] + gn[c];  // gn holds a_{t+1} g_{t+1}
+            const T gv = cn * gy[c] + gn[c];
             const T dpre = gv * prev[o_n + c] * ak[o_n + c];
             dc += gy[c] * hk[o_n + c];
             db += gv * du[c];
@@ -477,6 +562,7 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
           dBr[n] += db;
           dCr[n] += dc;
         }
+        if (through_rows) row_sums<T>(rows, N, dBr, dCr);
         if (softplus)
           input_grads_lanes<T, true>(dw + o, blk.bias, sdd, sgb, ur, dt, gy, blk.skip, ddw + o, duw + o, dbias);
         else
