@@ -122,7 +122,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
 def test_every_table_and_figure_is_written(report: tuple[Path, list[Path]]) -> None:
     folder, written = report
     names = {p.relative_to(folder).as_posix() for p in written}
-    for table in ("costs", "exponents", "crossovers"):
+    for table in ("costs", "exponents", "crossovers", "ratios"):
         assert {f"tables/{table}.{ext}" for ext in ("csv", "md", "tex")} <= names
     figures = {"wall_patch-8", "wall_patch-16", "wall_train_patch-8", "wall_train_patch-16", "patch_resolution",
                "accuracy_cost_synthetic", "accuracy_tokens"}  # trained at several N: accuracy against N

@@ -44,6 +44,7 @@ from .stats import INTERVAL_NOTE
 from .tables_convergence import convergence_tables, reach_bucket_tables
 from .plots_cost import patch_figures, wall_figures
 from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
+from .ratios import ratio_tables
 from .identity import keep_rows
 from .legacy_rows import reread
 from .plots_mfu import mfu_figures
@@ -85,6 +86,8 @@ TABLE_CAPTIONS: dict[str, str] = {
                    r"samples and training FLOPs it needed to first reach the target validation accuracy.",
     "reach_control": r"Reach positive control: each mixer's accuracy on the bucket(s) its first layer(s) cover.",
     "reach_to_target": r"Reach: samples seen until each bucket's validation accuracy first reached the target.",
+    "ratios": r"Cost of each mixer as a multiple of attention's at the same point (same size, batch, compile and "
+              r"model; the mixer's own options in the row).",
 }
 
 
@@ -233,6 +236,9 @@ def _write_outputs(
     tables = report_tables.write_table(*costs, tables_dir / "costs", TABLE_CAPTIONS["costs"])
     tables += report_tables.write_table(*exponent_frames, tables_dir / "exponents", TABLE_CAPTIONS["exponents"])
     tables += report_tables.write_table(*crossover_frames, tables_dir / "crossovers", TABLE_CAPTIONS["crossovers"])
+    ratios = ratio_tables(runs)
+    if not ratios[0].empty:
+        tables += report_tables.write_table(*ratios, tables_dir / "ratios", TABLE_CAPTIONS["ratios"])
     trained = accuracy_rows(runs)
     if not trained.empty:
         tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",
@@ -533,6 +539,7 @@ def _plain(value: object) -> str:
 def _table_links(tables: list[Path], link: Callable[[Path], str]) -> list[str]:
     """One bullet per table, its Markdown first."""
     titles = {"costs": "Costs per point", "exponents": "Scaling exponents", "crossovers": "Crossovers",
+              "ratios": "Cost as a multiple of attention's, per point",
               "accuracy": "Accuracy per trained point", "reach": "Reach accuracy per direction and distance",
               "reach_separations": "Reach buckets that separate two mixers", "erf": "Receptive field radii",
               "convergence": "Convergence and the two numbers per training (converged accuracy, samples to target)",
