@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from mixers import create_mixer
 from mixers.ops.selective_scan import selective_scan_reference
+from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason
 from mixers.vmamba import SS2D, cross_merge, cross_scan
 
 DIM = 16
@@ -67,7 +68,12 @@ def test_cross_scan_and_merge_follow_the_index_lists() -> None:
     torch.testing.assert_close(cross_merge(ys, grid), expected)
 
 
-@pytest.mark.parametrize("scan_impl", ["torch_stream", "torch_loop"])
+CPP_PROBLEM = cpp_unavailable_reason(torch.device("cpu"), torch.float64)
+
+
+@pytest.mark.parametrize("scan_impl", ["torch_stream", "torch_loop",
+                                       pytest.param("cpp_loop", marks=pytest.mark.skipif(
+                                           CPP_PROBLEM is not None, reason=f"cpp_loop: {CPP_PROBLEM}"))])
 @pytest.mark.parametrize("grid", [(1, 1), (3, 5), (6, 4)])
 @pytest.mark.parametrize("options", [{}, {"d_state": 4, "expand": 2, "conv_bias": True, "bias": True}])
 def test_matches_reference_forward_and_backward(scan_impl: str, grid: tuple[int, int], options: dict) -> None:

@@ -251,6 +251,35 @@ inline F16 sum_16_rows(const float* rows) {
   return MIXERBENCH_SHUFFLE(v[0], v[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          MIXERBENCH_SHUFFLE(v[0], v[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
+// dst row r, column c = src row c, column r, for a 16 x 16 float tile (rows `src_stride` and `dst_stride` apart):
+// four stages, each exchanging the off-diagonal halves of every 2h x 2h block between the row pairs (i, i + h).
+// The staged windows of channel-major (B, D, L) tensors (vmamba's) are such transposes; element by element they
+// were about a quarter of the scan there.
+inline void transpose_16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  F16 v[16];
+  for (int r = 0; r < 16; ++r) std::memcpy(&v[r], src + r * src_stride, sizeof(F16));
+  for (int i = 0; i < 8; ++i) {
+    const F16 a = v[i], b = v[i + 8];
+    v[i] = MIXERBENCH_SHUFFLE(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    v[i + 8] = MIXERBENCH_SHUFFLE(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 16; i += (i % 8 == 3) ? 5 : 1) {
+    const F16 a = v[i], b = v[i + 4];
+    v[i] = MIXERBENCH_SHUFFLE(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    v[i + 4] = MIXERBENCH_SHUFFLE(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 16; i += (i % 4 == 1) ? 3 : 1) {
+    const F16 a = v[i], b = v[i + 2];
+    v[i] = MIXERBENCH_SHUFFLE(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    v[i + 2] = MIXERBENCH_SHUFFLE(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  }
+  for (int i = 0; i < 16; i += 2) {
+    const F16 a = v[i], b = v[i + 1];
+    v[i] = MIXERBENCH_SHUFFLE(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    v[i + 1] = MIXERBENCH_SHUFFLE(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  }
+  for (int r = 0; r < 16; ++r) std::memcpy(dst + r * dst_stride, &v[r], sizeof(F16));
+}
 #undef MIXERBENCH_SHUFFLE
 
 template <>
@@ -341,8 +370,13 @@ struct Block {
         for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = c < nd ? base[j * x.t + c] : T(0);
       return;
     }
+    int64_t j0 = 0;
+    if constexpr (kRowNetwork && std::is_same_v<T, float>) {  // channel-major rows: 16 x 16 tiles transposed
+      if (x.t == 1 && nd == kBlock)
+        for (; j0 + 16 <= tile.size(); j0 += 16) transpose_16(base + j0, x.d, w + j0 * kBlock, kBlock);
+    }
     for (int64_t c = 0; c < kBlock; ++c)
-      for (int64_t j = 0; j < tile.size(); ++j) w[j * kBlock + c] = c < nd ? base[c * x.d + j * x.t] : T(0);
+      for (int64_t j = j0; j < tile.size(); ++j) w[j * kBlock + c] = c < nd ? base[c * x.d + j * x.t] : T(0);
   }
   // The window w back to the tile's steps of the block's channels of the tensor in `slot`.
   void scatter(const T* w, Slot slot, const Tile& tile, T* dst) const {
@@ -353,8 +387,13 @@ struct Block {
         for (int64_t c = 0; c < nd; ++c) base[j * x.t + c] = w[j * kBlock + c];
       return;
     }
+    int64_t j0 = 0;
+    if constexpr (kRowNetwork && std::is_same_v<T, float>) {
+      if (x.t == 1 && nd == kBlock)
+        for (; j0 + 16 <= tile.size(); j0 += 16) transpose_16(w + j0 * kBlock, kBlock, base + j0, x.d);
+    }
     for (int64_t c = 0; c < nd; ++c)
-      for (int64_t j = 0; j < tile.size(); ++j) base[c * x.d + j * x.t] = w[j * kBlock + c];
+      for (int64_t j = j0; j < tile.size(); ++j) base[c * x.d + j * x.t] = w[j * kBlock + c];
   }
 
   // The step's dt (delta's bias and softplus applied here, in the forward and the backward alike) and dt * u,
