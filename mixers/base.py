@@ -54,9 +54,6 @@ def check_tokens(x: Tensor, grid: Grid) -> None:
         raise ValueError(f"expected x of shape (B, {H}*{W}={H * W}, C) for grid {grid}, got {tuple(x.shape)}")
 
 
-# MACs of custom ops that the counters cannot see into, by op name ("namespace::name"), as a function of the
-# shapes of the op's tensor inputs. A mixer that adds a custom op registers its formula here, so fvcore's
-# counter in experiments/measure/counting.py gets a handle for it without that code knowing the mixer.
 def grid_cached(cache: dict, key: tuple, build: Callable[[], object]) -> object:
     """`cache[key]`, built by `build()` on first use: the per-grid tensors (indices, masks) a mixer keeps out of its
     state dict.
@@ -74,6 +71,9 @@ def grid_cached(cache: dict, key: tuple, build: Callable[[], object]) -> object:
     return cache[key]
 
 
+# MACs of custom ops that the counters cannot see into, by op name ("namespace::name"), as a function of the
+# shapes of the op's tensor inputs. A mixer that adds a custom op registers its formula here, so fvcore's
+# counter in experiments/measure/counting.py gets a handle for it without that code knowing the mixer.
 CUSTOM_OP_MACS: dict[str, Callable[[list[tuple[int, ...] | None]], int]] = {}
 
 
