@@ -21,23 +21,30 @@ REFERENCE = "attention"
 RATIO_METRICS: dict[str, str] = {"latency_ms": "latency", "train_step_ms": "train step"}
 
 
-def model_overrides(overrides: object) -> str:
-    """The overrides without `mixer_options` (which belong to the mixer), as canonical JSON; "{}" where none."""
+def _parsed(overrides: object) -> dict | None:
+    """The overrides cell as a dict ({} where empty), None where it is not a JSON object."""
+    text = str(overrides).strip()
+    if text in ("", "nan"):
+        return {}
     try:
-        parsed = json.loads(str(overrides)) if str(overrides).strip() not in ("", "nan") else {}
+        parsed = json.loads(text)
     except json.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def model_overrides(overrides: object) -> str:
+    """The overrides without `mixer_options` (which belong to the mixer), as canonical JSON; "{}" where none, the
+    cell itself where it is not a JSON object."""
+    parsed = _parsed(overrides)
+    if parsed is None:
         return str(overrides)
-    parsed = {k: v for k, v in parsed.items() if k != "mixer_options"} if isinstance(parsed, dict) else parsed
-    return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+    return json.dumps({k: v for k, v in parsed.items() if k != "mixer_options"}, sort_keys=True, separators=(",", ":"))
 
 
 def mixer_options(overrides: object) -> str:
     """The `mixer_options` of the overrides as compact JSON, "" where the mixer ran at its defaults."""
-    try:
-        parsed = json.loads(str(overrides)) if str(overrides).strip() not in ("", "nan") else {}
-    except json.JSONDecodeError:
-        return ""
-    options = parsed.get("mixer_options") if isinstance(parsed, dict) else None
+    options = (_parsed(overrides) or {}).get("mixer_options")
     return json.dumps(options, sort_keys=True, separators=(",", ":")) if options else ""
 
 
