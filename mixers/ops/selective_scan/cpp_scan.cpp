@@ -223,8 +223,9 @@ inline void row_sums(const T* rows, int64_t N, T* a, T* b) {
   row_sums_scalar(rows, 0, 2 * N, N, a, b);
 }
 
+// The shuffle networks below (row sums, tile transposes) pay off only where 16 floats are one vector register.
 #if defined(__AVX512F__) && (defined(__GNUC__) || defined(__clang__))
-constexpr bool kRowNetwork = true;
+constexpr bool kVectorNetworks = true;
 typedef float F16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
 static_assert(kBlock == 16, "the network below sums rows of 16 floats");
@@ -251,6 +252,7 @@ inline F16 sum_16_rows(const float* rows) {
   return MIXERBENCH_SHUFFLE(v[0], v[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          MIXERBENCH_SHUFFLE(v[0], v[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
+
 // dst row r, column c = src row c, column r, for a 16 x 16 float tile (rows `src_stride` and `dst_stride` apart):
 // four stages, each exchanging the off-diagonal halves of every 2h x 2h block between the row pairs (i, i + h).
 // The staged windows of channel-major (B, D, L) tensors (vmamba's) are such transposes; element by element they
@@ -292,7 +294,7 @@ inline void row_sums<float>(const float* rows, int64_t N, float* a, float* b) {
   row_sums_scalar(rows, r, 2 * N, N, a, b);
 }
 #else
-constexpr bool kRowNetwork = false;
+constexpr bool kVectorNetworks = false;
 #endif
 
 // A tile of the sequence: kChunk steps, taken in the order the scan runs (from the end when reversed). Steps
@@ -371,7 +373,7 @@ struct Block {
       return;
     }
     int64_t j0 = 0;
-    if constexpr (kRowNetwork && std::is_same_v<T, float>) {  // channel-major rows: 16 x 16 tiles transposed
+    if constexpr (kVectorNetworks && std::is_same_v<T, float>) {  // channel-major rows: 16 x 16 tiles transposed
       if (x.t == 1 && nd == kBlock)
         for (; j0 + 16 <= tile.size(); j0 += 16) transpose_16(base + j0, x.d, w + j0 * kBlock, kBlock);
     }
@@ -388,7 +390,7 @@ struct Block {
       return;
     }
     int64_t j0 = 0;
-    if constexpr (kRowNetwork && std::is_same_v<T, float>) {
+    if constexpr (kVectorNetworks && std::is_same_v<T, float>) {
       if (x.t == 1 && nd == kBlock)
         for (; j0 + 16 <= tile.size(); j0 += 16) transpose_16(w + j0 * kBlock, kBlock, base + j0, x.d);
     }
@@ -500,7 +502,7 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
     // rows: a step's per-lane terms of dB (N rows) then dC (N rows), for row_sums' network where there is one and
     // N >= 8 fills it; otherwise each is reduced in place (vmamba's N = 1 ran slower through the rows)
     T *g = h + W, *dA = g + W, *rows = dA + W, *starts = rows + 2 * W, *hs = starts + tiles * W, *as = hs + span * W;
-    const bool through_rows = kRowNetwork && std::is_same_v<T, float> && 2 * N >= 16;
+    const bool through_rows = kVectorNetworks && std::is_same_v<T, float> && 2 * N >= 16;
     std::fill(h, h + 3 * W, T(0));
     T *uw = as + span * W, *dw = uw + V, *gw = dw + V, *zw = gw + V, *cw = zw + V, *duw = cw + V, *ddw = duw + V,
       *dzw = ddw + V, *dtw = dzw + V, *dxw = dtw + V;  // dtw, dxw: each step's dt and dt u, from the recompute
