@@ -26,6 +26,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, Locator, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
 from .crossover import iter_groups
+from .point_keys import json_object
 
 
 # seaborn's colour-blind-safe palette (Okabe-Ito-like); indices into it below.
@@ -204,24 +205,13 @@ def json_differences(texts: list[str]) -> list[dict[str, str]]:
         >>> json_differences(['{"lr": 0.01, "bs": 64}', '{"bs": 64}'])
         [{'lr': '0.01'}, {'lr': 'default'}]
     """
-    parsed = [_json_object(t) for t in texts]
+    parsed = [json_object(t) for t in texts]
     if any(p is None for p in parsed):
         return [{"": t or "none"} for t in texts]
     fields = sorted({f for p in parsed for f in p})
     if len(parsed) > 1:
         fields = [f for f in fields if len({json.dumps(p.get(f), sort_keys=True) for p in parsed}) > 1]
     return [{f: _json_value(p.get(f, "default")) for f in fields} for p in parsed]
-
-
-def _json_object(text: str) -> dict | None:
-    """The JSON object in `text`, {} for empty text, None when it is not an object."""
-    if text.strip() in ("", "{}"):
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _json_value(value: object) -> str:

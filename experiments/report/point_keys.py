@@ -6,6 +6,7 @@ name is the sweep's, and a file copied in from elsewhere must not count as a row
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import pandas as pd
@@ -38,3 +39,14 @@ def ok_row_keys(runs: pd.DataFrame) -> dict[tuple[str, ...], int]:
     """The key of every ok row of `runs`, mapped to its index."""
     ok = runs[runs["status"] == "ok"]
     return {key_tuple(row): index for index, row in zip(ok.index, ok.to_dict("records"))}
+
+
+def json_object(text: str) -> dict | None:
+    """The JSON object in a key cell such as `overrides`, {} for empty text, None when it is not an object."""
+    if text.strip() in ("", "{}"):
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None

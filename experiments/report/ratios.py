@@ -15,6 +15,7 @@ import pandas as pd
 
 from .crossover import COST_KEYS, cost_points, varying_keys
 from .mixer_order import mixer_rank
+from .point_keys import json_object
 
 REFERENCE = "attention"
 # Cost column, label in the display.
@@ -22,15 +23,8 @@ RATIO_METRICS: dict[str, str] = {"latency_ms": "latency", "train_step_ms": "trai
 
 
 def _parsed(overrides: object) -> dict | None:
-    """The overrides cell as a dict ({} where empty), None where it is not a JSON object."""
-    text = str(overrides).strip()
-    if text in ("", "nan"):
-        return {}
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
+    """The overrides cell as a dict ({} where empty or missing), None where it is not a JSON object."""
+    return json_object("" if pd.isna(overrides) else str(overrides))
 
 
 def model_overrides(overrides: object) -> str:
@@ -63,8 +57,9 @@ def ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     points = points[points["status"] == "ok"].copy()
     points["model_overrides"] = points["overrides"].map(model_overrides)
     points["options"] = points["overrides"].map(mixer_options)
-    match = [k for k in COST_KEYS if k not in ("mixer", "overrides")] + ["model_overrides", "tokens"]
-    points[match] = points[match].astype(str)  # NaN (eager's empty compile) must match NaN
+    text_keys = [k for k in COST_KEYS if k not in ("mixer", "overrides")] + ["model_overrides"]
+    points[text_keys] = points[text_keys].astype(str)  # NaN (eager's empty compile) must match NaN
+    match = text_keys + ["tokens"]
     reference = points[(points["mixer"] == REFERENCE) & (points["options"] == "")]
     reference = reference[match + metrics].drop_duplicates(match)
     others = points[points["mixer"] != REFERENCE]
@@ -72,7 +67,6 @@ def ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     for metric in metrics:
         merged[f"{metric}_ratio"] = merged[metric] / merged[f"{metric}_ref"]
     keys = [k for k in varying_keys(runs, COST_KEYS) if k not in ("mixer", "overrides", "img_size")]
-    merged["tokens"] = merged["tokens"].astype(float).astype(int)
     merged["_rank"] = merged["mixer"].map(mixer_rank)
     merged = merged.sort_values(keys + ["_rank", "options", "tokens"], ignore_index=True)
     value_columns = [c for m in metrics for c in (m, f"{m}_ref", f"{m}_ratio")]
