@@ -16,9 +16,9 @@
 // differentiates them the same way, step by step beside the scan's own gradients.
 //
 // Work is split over (sequence b, block of 16 channels); every inner loop runs over the block's channels, so it
-// vectorises for any N (vmamba's N = 1 included) and reads each step's inputs from one window row. The float exp is a
-// polynomial (about 2 ulp, see exp_lane) written so the compiler vectorises it without -ffast-math; double uses
-// std::exp (the float64 path exists for tight tests).
+// vectorises for any N (vmamba's N = 1 included) and reads each step's inputs from one window row. The float exp,
+// sigmoid and silu are mixers/ops/vector_lanes.h's, written so the compiler vectorises them without -ffast-math;
+// double uses std::exp (the float64 path exists for tight tests).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -31,55 +31,9 @@
 #include <omp.h>
 #endif
 
+#include "../vector_lanes.h"
+
 namespace {
-
-// 16 floats, and their bits, in the compiler's vector extensions (the file needs GCC or clang already). Only AVX-512
-// builds (kRegister16, where 16 floats are one register) run them in hot loops: built for AVX2 or SSE2 the shuffle
-// networks below ran slower than the compiler's vectorisation of the scalar loops.
-typedef float F16 __attribute__((vector_size(64)));
-typedef int32_t I16 __attribute__((vector_size(64)));
-#if defined(__AVX512F__)
-constexpr bool kRegister16 = true;
-#else
-constexpr bool kRegister16 = false;
-#endif
-
-// The integer type of a float's bits, or of 16 floats': exp_lane is one source for the loops the compiler vectorises
-// (float) and those written in vectors (F16).
-template <class V> struct BitsOf { using type = int32_t; };
-template <> struct BitsOf<F16> { using type = I16; };
-
-// exp(x) = 2^n exp(r) with n = round(x / ln 2) and r = x - n ln 2 (|r| <= ln2 / 2) in two fused steps (ln 2 in two
-// parts, so r keeps float precision at any n); exp(r) a degree-5 minimax polynomial (relative error 1e-7 before
-// rounding; about 2 ulp after), 2^n written into the exponent bits. With Cephes' expf (degree 6, separate clamps and
-// conversions) the scan's forward took 20% longer on AVX-512 and 39% longer on AVX2 (1,024 tokens, one thread).
-// Below -87.3 the result would be below float's smallest normal and is flushed to 0 (a denormal decay slows every
-// later step); x is capped at 88 so the bits stay finite (the scan's exponents are <= 0). NaN goes through the
-// arithmetic.
-template <class V>
-__attribute__((always_inline)) inline V exp_lane(V x) {
-  const V cap = V{} + 88.0f, floor = V{} - 87.3f, zero = V{};  // V{} + c: c, or c in every lane
-  const V xc = x > cap ? cap : x;
-  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer, kept in the low mantissa bits
-  const V biased = xc * 1.44269504088896341f + shifter;
-  const V n = biased - shifter;
-  V r = xc - n * 0.693145751953125f;  // ln 2's high part (exact times any n here), then the rest
-  r = r - n * 1.42860677e-6f;
-  V p = r * 8.290305733680725e-3f + 4.18979749083519e-2f;
-  p = p * r + 1.666763722896576e-1f;
-  p = p * r + 4.999915063381195e-1f;
-  p = p * r + 9.999997019767761e-1f;
-  p = p * r + 1.0f;
-  typename BitsOf<V>::type bits;
-  std::memcpy(&bits, &biased, sizeof bits);
-  bits = (bits - 0x4B400000 + 127) << 23;  // n from biased's low bits (those of 1.5 * 2^23 taken off), plus the bias
-  V scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  const V out = p * scale;
-  return x < floor ? zero : out;
-}
-
-inline double exp_lane(double x) { return std::exp(x); }
 
 __attribute__((always_inline)) inline float log1p_lane(float v) {
   // log(1 + v) for v in [0, 1] (softplus's use): Cephes' logf polynomial on w = 1 + v in [1, 2], with Goldberg's
@@ -114,19 +68,6 @@ __attribute__((always_inline)) inline T softplus_lane(T x) {
   const T ax = x < T(0) ? -x : x;
   const T out = (x > T(0) ? x : T(0)) + log1p_lane(exp_lane(-ax));
   return x > T(20) ? x : out;
-}
-
-// sigmoid(x) from e = exp(-|x|) <= 1, so nothing overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below.
-template <class T>
-__attribute__((always_inline)) inline T sigmoid_lane(T x) {
-  const T e = exp_lane(x < T(0) ? x : -x);
-  return (x < T(0) ? e : T(1)) / (T(1) + e);
-}
-
-// x sigmoid(x), the z gate.
-template <class T>
-__attribute__((always_inline)) inline T silu_lane(T x) {
-  return x * sigmoid_lane(x);
 }
 
 // Channels per work item: the lanes of every vector loop, so any N (vmamba's 1 included) fills whole vectors.
