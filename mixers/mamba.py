@@ -163,11 +163,11 @@ class VimMixer(TokenMixer):
         anti-causal (Vim's causal conv of the flipped sequence, flipped back, is the conv with its taps reversed
         reaching forwards) and the scan reads the sequence backwards.
         """
+        # silu(conv(x)), (B, L, d_inner), the activation applied by the conv as it writes each row
         if reverse:
-            u = depthwise_conv_tokens(x, conv1d.weight.flip(-1), conv1d.bias, left=0)
+            u = depthwise_conv_tokens(x, conv1d.weight.flip(-1), conv1d.bias, left=0, silu=True)
         else:
-            u = depthwise_conv_tokens(x, conv1d.weight, conv1d.bias, left=self.d_conv - 1)
-        u = F.silu(u)  # (B, L, d_inner)
+            u = depthwise_conv_tokens(x, conv1d.weight, conv1d.bias, left=self.d_conv - 1, silu=True)
         x_dbl = x_proj(u)  # (B, L, dt_rank + 2 N)
         dt, B, C = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
         # dt_proj's bias is applied inside the scan (before softplus), as Mamba does.

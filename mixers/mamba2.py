@@ -135,7 +135,7 @@ class HydraMixer(TokenMixer):
         compute = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 tests
         z, xbc, dt = torch.split(self.in_proj(x), [self.d_inner, self.d_inner + 4 * N, 2 * H], dim=-1)
         # The centred conv on the time-major rows as they come (no channel-major copies, see mixers/ops/token_conv).
-        xbc = F.silu(depthwise_conv_tokens(xbc, self.conv1d.weight, self.conv1d.bias, self.d_conv // 2))
+        xbc = depthwise_conv_tokens(xbc, self.conv1d.weight, self.conv1d.bias, self.d_conv // 2, silu=True)
         u, bc_fwd, bc_bwd = torch.split(xbc, [self.d_inner, 2 * N, 2 * N], dim=-1)  # (B, L, *) each
         dt_fwd, dt_bwd = dt.chunk(2, dim=-1)  # (B, L, H) each
         # The backward direction is the causal SSD of the flipped sequence, stacked onto the batch: one call runs both.

@@ -30,16 +30,17 @@ def _time_major(batch: int, length: int, channels: int) -> torch.Tensor:
     return torch.randn(batch, length, 2 * channels)[..., :channels]
 
 
+@pytest.mark.parametrize("silu", [False, True])
 @pytest.mark.parametrize("left", [0, 3])
-def test_depthwise_conv_tokens_and_its_backward(left: int) -> None:
+def test_depthwise_conv_tokens_and_its_backward(left: int, silu: bool) -> None:
     if cpp_conv.unavailable_reason() is not None:
         pytest.skip(f"the compiled conv is unavailable: {cpp_conv.unavailable_reason()}")
     x, weight, bias = _time_major(2, 9, 5), torch.randn(5, 1, 4), torch.randn(5)
-    _assert_fake_matches(torch.ops.mixerbench.depthwise_conv_tokens.default, x, weight, bias, left)
+    _assert_fake_matches(torch.ops.mixerbench.depthwise_conv_tokens.default, x, weight, bias, left, silu)
     grad = torch.randn(2, 9, 5)
-    for has_bias in (True, False):
-        _assert_fake_matches(torch.ops.mixerbench.depthwise_conv_tokens_backward.default, grad, x, weight, has_bias,
-                             left)
+    for b in (bias, None):
+        _assert_fake_matches(torch.ops.mixerbench.depthwise_conv_tokens_backward.default, grad, x, weight, b, left,
+                             silu)
 
 
 @pytest.mark.parametrize("groups", [1, 2])

@@ -26,22 +26,27 @@ def form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return request.param
 
 
-def conv1d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, left: int) -> torch.Tensor:
-    """The same conv through F.conv1d on the channel-major copy, padded `left` before and K - 1 - left after."""
+def conv1d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, left: int,
+                     silu: bool = False) -> torch.Tensor:
+    """The same conv through F.conv1d on the channel-major copy, padded `left` before and K - 1 - left after; then
+    F.silu where `silu`."""
     width = weight.shape[-1]
     padded = F.pad(x.transpose(1, 2), (left, width - 1 - left))
-    return F.conv1d(padded, weight, bias, groups=x.shape[-1]).transpose(1, 2)
+    out = F.conv1d(padded, weight, bias, groups=x.shape[-1]).transpose(1, 2)
+    return F.silu(out) if silu else out
 
 
 @pytest.mark.parametrize("form", FORMS, indirect=True)
 @pytest.mark.parametrize("width,left", [(4, 3), (4, 0), (3, 1), (1, 0), (5, 2)])
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("length", [7, 70])
+@pytest.mark.parametrize("silu", [False, True])
 def test_equals_conv1d_forward_and_gradients_in_float64(form: str, width: int, left: int, with_bias: bool,
-                                                        length: int) -> None:
-    """Causal (left = K - 1), anti-causal (left = 0) and centred convs equal F.conv1d's in float64, output and the
-    gradients of x, the weight and the bias, on a strided x (a slice of wider rows, as Mamba's in_proj gives);
-    70 steps span several of the compiled form's work items."""
+                                                        length: int, silu: bool) -> None:
+    """Causal (left = K - 1), anti-causal (left = 0) and centred convs, with and without the silu after them,
+    equal F.conv1d's (and F.silu's) in float64, output and the gradients of x, the weight and the bias, on a
+    strided x (a slice of wider rows, as Mamba's in_proj gives); 70 steps span several of the compiled form's work
+    items."""
     g = torch.Generator().manual_seed(0)
     rows = torch.randn(2, length, 10, generator=g, dtype=torch.float64)
     weight = torch.randn(5, 1, width, generator=g, dtype=torch.float64)
@@ -50,7 +55,7 @@ def test_equals_conv1d_forward_and_gradients_in_float64(form: str, width: int, l
 
     def run(conv) -> tuple[torch.Tensor, ...]:
         leaves = [t.detach().clone().requires_grad_() for t in (rows, weight, *([bias] if with_bias else []))]
-        out = conv(leaves[0][..., 2:7], leaves[1], leaves[2] if with_bias else None, left)
+        out = conv(leaves[0][..., 2:7], leaves[1], leaves[2] if with_bias else None, left, silu)
         return (out, *torch.autograd.grad(out, leaves, dy))
 
     ours, reference = run(depthwise_conv_tokens), run(conv1d_reference)
@@ -60,9 +65,11 @@ def test_equals_conv1d_forward_and_gradients_in_float64(form: str, width: int, l
 
 
 @needs_cpp
-def test_compiled_float32_matches_the_pytorch_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At Mamba's width and a tiny block's shape, on 2 threads: the compiled pass against the PyTorch ops, output
-    and gradients, within float32's rounding (the weight's gradient sums 2 x 300 products per tap)."""
+@pytest.mark.parametrize("silu", [False, True])
+def test_compiled_float32_matches_the_pytorch_form(monkeypatch: pytest.MonkeyPatch, silu: bool) -> None:
+    """At Mamba's width and a tiny block's shape, on 2 threads: the compiled pass (its silu the kernels' polynomial
+    exp) against the PyTorch ops, output and gradients, within float32's rounding (the weight's gradient sums
+    2 x 300 products per tap)."""
     g = torch.Generator().manual_seed(5)
     rows = torch.randn(2, 300, 96, generator=g)
     weight, bias = torch.randn(48, 1, 4, generator=g), torch.randn(48, generator=g)
@@ -73,7 +80,7 @@ def test_compiled_float32_matches_the_pytorch_form(monkeypatch: pytest.MonkeyPat
         before = torch.get_num_threads()
         torch.set_num_threads(2)
         try:
-            out = depthwise_conv_tokens(leaves[0][..., :48], leaves[1], leaves[2], 3)
+            out = depthwise_conv_tokens(leaves[0][..., :48], leaves[1], leaves[2], 3, silu)
             return (out, *torch.autograd.grad(out, leaves, dy))
         finally:
             torch.set_num_threads(before)
@@ -92,7 +99,8 @@ def test_gradcheck() -> None:
     weight = torch.randn(3, 1, 4, generator=g, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
     for left in (0, 3):
-        assert torch.autograd.gradcheck(lambda *a: depthwise_conv_tokens(*a, left), (x, weight, bias))
+        for silu in (False, True):
+            assert torch.autograd.gradcheck(lambda *a: depthwise_conv_tokens(*a, left, silu), (x, weight, bias))
 
 
 @pytest.mark.parametrize("form", FORMS, indirect=True)
@@ -100,7 +108,8 @@ def test_opcheck(form: str) -> None:
     x = torch.randn(2, 6, 3, requires_grad=True)
     weight = torch.randn(3, 1, 4, requires_grad=True)
     for bias in (torch.randn(3, requires_grad=True), None):
-        torch.library.opcheck(torch.ops.mixerbench.depthwise_conv_tokens.default, (x, weight, bias, 3))
+        for silu in (False, True):
+            torch.library.opcheck(torch.ops.mixerbench.depthwise_conv_tokens.default, (x, weight, bias, 3, silu))
 
 
 def test_half_input_keeps_its_dtype() -> None:
@@ -122,7 +131,8 @@ def test_bad_arguments_are_refused_in_one_line(left: int, shape: tuple[int, ...]
 
 def test_counters_see_a_conv_forward_and_backward() -> None:
     """FlopCounterMode counts L x K MACs per channel forward and twice that backward (dx and the weight's
-    gradient); fvcore's handle counts the forward from the shapes."""
+    gradient), three times with silu (the conv recomputed for its gradient); fvcore's handle counts the forward
+    from the shapes."""
     x = torch.randn(2, 9, 5, requires_grad=True)
     weight = torch.randn(5, 1, 4, requires_grad=True)
     macs = depthwise_conv_tokens_macs(2, 9, 5, 4)
@@ -132,6 +142,9 @@ def test_counters_see_a_conv_forward_and_backward() -> None:
     with FlopCounterMode(display=False) as counter:
         out.sum().backward()
     assert counter.get_total_flops() == 2 * 2 * macs
+    with FlopCounterMode(display=False) as counter:
+        depthwise_conv_tokens(x, weight, None, 3, silu=True).sum().backward()
+    assert counter.get_total_flops() == 2 * macs + 2 * 3 * macs
     assert CUSTOM_OP_MACS["mixerbench::depthwise_conv_tokens"]([(2, 9, 5), (5, 1, 4), None]) == macs
     with pytest.raises(ValueError, match=re.escape("no shapes")):
         CUSTOM_OP_MACS["mixerbench::depthwise_conv_tokens"]([None, (5, 1, 4)])

@@ -6,11 +6,15 @@
 // strides with its channels adjacent; taps (K, C) contiguous (the weight transposed, so a tap's channels are
 // adjacent too); out and grad (B, L, C) contiguous. Work is split over (sequence, run of steps); the inner loops
 // run over channels, so they vectorise for any C. out[b, t, c] = bias[c] + sum_k taps[k, c] x[b, t - left + k, c],
-// taps reaching outside the sequence skipped (zero padding).
+// taps reaching outside the sequence skipped (zero padding); then, while the row is in cache rather than in a pass
+// of its own, silu(out) (Mamba's activation after its conv) or, for its backward, grad * silu'(out) (the conv
+// recomputed, never stored).
 #include <cstdint>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "../vector_lanes.h"
 
 namespace {
 
@@ -30,9 +34,12 @@ inline int thread_id() {
 #endif
 }
 
+// What becomes of each output row: nothing, silu, or the gradient through silu of `grad`'s row.
+enum Activation : int { kNone = 0, kSilu = 1, kSiluGrad = 2 };
+
 template <class T>
-void forward(const Shape& s, const T* x, int64_t sb, int64_t st, const T* taps, const T* bias, T* out,
-             int threads) {
+void forward(const Shape& s, const T* x, int64_t sb, int64_t st, const T* taps, const T* bias, Activation act,
+             const T* grad, T* out, int threads) {
   const int64_t C = s.channels;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t item = 0; item < s.items(); ++item) {
@@ -48,6 +55,17 @@ void forward(const Shape& s, const T* x, int64_t sb, int64_t st, const T* taps, 
         const T* __restrict w = taps + k * C;
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) o[c] += w[c] * xr[c];
+      }
+      if (act == kSilu) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) o[c] = silu_lane(o[c]);
+      } else if (act == kSiluGrad) {
+        const T* __restrict g = grad + (b * s.length + t) * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          const T sig = sigmoid_lane(o[c]);
+          o[c] = g[c] * sig * (T(1) + o[c] * (T(1) - sig));
+        }
       }
     }
   }
@@ -81,13 +99,14 @@ void weight_grad(const Shape& s, const T* x, int64_t sb, int64_t st, const T* gr
 
 extern "C" {
 
-int mixerbench_token_conv_abi_version() { return 1; }
+int mixerbench_token_conv_abi_version() { return 2; }
 
 #define MIXERBENCH_TOKEN_CONV_ENTRY(T, suffix)                                                                 \
   void mixerbench_token_conv_fwd_##suffix(int64_t batch, int64_t length, int64_t channels, int64_t width,     \
                                           int64_t left, const T* x, int64_t sb, int64_t st, const T* taps,      \
-                                          const T* bias, T* out, int threads) {                                \
-    forward<T>(Shape{batch, length, channels, width, left}, x, sb, st, taps, bias, out, threads);               \
+                                          const T* bias, int act, const T* grad, T* out, int threads) {        \
+    forward<T>(Shape{batch, length, channels, width, left}, x, sb, st, taps, bias, static_cast<Activation>(act), \
+               grad, out, threads);                                                                            \
   }                                                                                                            \
   void mixerbench_token_conv_dweight_##suffix(int64_t batch, int64_t length, int64_t channels, int64_t width, \
                                               int64_t left, const T* x, int64_t sb, int64_t st, const T* grad,  \

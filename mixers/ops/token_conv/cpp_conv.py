@@ -13,7 +13,7 @@ from .. import cpu_kernels
 
 SOURCE = Path(__file__).with_name("cpp_conv.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
-ABI_VERSION = 1
+ABI_VERSION = 2
 _CTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 
@@ -60,14 +60,19 @@ def _threads() -> ctypes.c_int:
     return ctypes.c_int(max(1, torch.get_num_threads()))
 
 
-def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
-    """The conv (token_conv's definition), contiguous (B, L, C)."""
+def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool = False,
+         silu_grad_of: Tensor | None = None) -> Tensor:
+    """The conv (token_conv's definition), contiguous (B, L, C); then silu where `silu`, or, given
+    `silu_grad_of` (B, L, C), that gradient through silu at the conv's output (silu's backward)."""
     x = _channels_adjacent(x)
     taps = weight[:, 0, :].t().contiguous()  # (K, C)
     bias = None if bias is None else bias.contiguous()
+    grad = None if silu_grad_of is None else silu_grad_of.contiguous()
+    activation = 2 if grad is not None else int(silu)  # the kernel's Activation
     out = x.new_empty(x.shape)
     getattr(_library(), f"mixerbench_token_conv_fwd_{_CTYPE[x.dtype]}")(
-        *_leading(x, weight, left), _ptr(taps), _ptr(bias), _ptr(out), _threads()
+        *_leading(x, weight, left), _ptr(taps), _ptr(bias), ctypes.c_int(activation), _ptr(grad), _ptr(out),
+        _threads(),
     )
     return out
 

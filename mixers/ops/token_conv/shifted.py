@@ -12,8 +12,8 @@ def padded(x: Tensor, width: int, left: int) -> Tensor:
     return F.pad(x, (0, 0, left, width - 1 - left))
 
 
-def shifted_sum(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Tensor:
-    """The conv as K fused multiply-adds over shifted views of the padded input."""
+def shifted_sum(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool = False) -> Tensor:
+    """The conv as K fused multiply-adds over shifted views of the padded input, then silu where `silu`."""
     width, length = weight.shape[-1], x.shape[1]
     taps = weight[:, 0, :].t()  # (K, C): a tap's channels adjacent, as x's
     x_padded = padded(x, width, left)  # (B, L + K - 1, C)
@@ -21,7 +21,7 @@ def shifted_sum(x: Tensor, weight: Tensor, bias: Tensor | None, left: int) -> Te
     out = first * taps[0] if bias is None else torch.addcmul(bias, first, taps[0])
     for k in range(1, width):
         out = torch.addcmul(out, x_padded[:, k : k + length], taps[k])
-    return out.to(x.dtype)
+    return (F.silu(out) if silu else out).to(x.dtype)
 
 
 def weight_grad(grad: Tensor, x: Tensor, weight: Tensor, left: int) -> Tensor:
