@@ -2,7 +2,7 @@
 //
 // Plain C++ on raw pointers, no torch headers: it builds in about a second with any C++17 compiler, and
 // cpp_scan.py calls it through ctypes. Threads are sized by the caller from torch's own count and are torch's
-// OpenMP pool where the build has OpenMP (see parallel_items).
+// OpenMP pool where the build has OpenMP (see mixers/ops/parallel_items.h).
 //
 // Layouts: u, delta, z, y, dy, du, ddelta, dz are (Bt, D, L) at any strides (`Strides`, one set per tensor), staged a
 // tile of steps at a time into small step-major windows (see Block). Mamba hands them time-major (views of its
@@ -20,17 +20,16 @@
 // sigmoid and silu are mixers/ops/vector_lanes.h's, written so the compiler vectorises them without -ffast-math;
 // double uses std::exp (the float64 path exists for tight tests).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <type_traits>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "../parallel_items.h"
 #include "../vector_lanes.h"
 
 namespace {
@@ -92,36 +91,6 @@ struct Shape {
   int64_t blocks_per_group() const { return (group_channels() + kBlock - 1) / kBlock; }
   int64_t blocks() const { return groups * blocks_per_group(); }
 };
-
-// Calls fn(item, thread) for items 0..count-1 on `threads` threads, items taken one at a time as threads come free
-// (on a busy machine a thread that is not scheduled leaves its share to the others).
-//
-// Built with OpenMP, the threads are the OpenMP runtime's. The library then needs libgomp.so.1, and where torch
-// has loaded its own libgomp.so.1 (Linux wheels) the loader hands it that one: the kernel runs on torch's own
-// thread pool. Threads of a second pool (std::thread, the fallback) had to share 2 cores with torch's OpenMP
-// workers, which spin a while after each parallel op: the scan took twice as long inside a model as alone.
-template <class Fn>
-void parallel_items(int64_t count, int threads, Fn fn) {
-  if (threads <= 1 || count <= 1) {
-    for (int64_t i = 0; i < count; ++i) fn(i, 0);
-    return;
-  }
-  int used = static_cast<int>(threads < count ? threads : count);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(used) schedule(dynamic, 1)
-  for (int64_t i = 0; i < count; ++i) fn(i, omp_get_thread_num());
-#else
-  std::atomic<int64_t> next{0};
-  auto work = [&](int tid) {
-    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) fn(i, tid);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(used - 1);
-  for (int t = 1; t < used; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (auto& th : pool) th.join();
-#endif
-}
 
 // One state n over a block's channels: h_out <- exp(dt A_n) h_in + du b_n, the decays kept (KeepDecay),
 // y += c_n h_out (ReadOut). h_in and h_out are one buffer, or (the backward's recompute) the previous step's state
