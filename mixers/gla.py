@@ -8,11 +8,12 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_int_option, check_positive_option, check_tokens
-from .ops.gla import chunk_gla, chunk_gla_macs, fla_chunk_gla, fla_unavailable_reason
+from .ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
+from .ops.gla import chunk_gla, chunk_gla_macs, fla_chunk_gla, fla_unavailable_reason, gla_recurrent_cpp
 from .ops.precision import autocast_off
 from .registry import register_mixer
 
-GLA_IMPLS = ("auto", "chunk_torch", "fla")
+GLA_IMPLS = ("auto", "chunk_torch", "cpp_loop", "fla")
 
 
 @register_mixer("gla")
@@ -25,13 +26,15 @@ class BiGLA(TokenMixer):
     The backward direction runs the causal GLA on the reversed sequence, stacked on the batch with the forward one,
     so one pass runs both (as mamba2's SSD). Both outputs include the token itself (the diagonal of each causal
     map), so it counts twice in the sum; then a per-head RMSNorm times swish(g), `o_proj`.
-    ViG's 2D locality-injection conv is not part of this mixer. The recurrences run in float32 through one of two
+    ViG's 2D locality-injection conv is not part of this mixer. The recurrences run in float32 through one of three
     implementations, recorded in `impl`: `chunk_torch` (`chunk_gla`, plain PyTorch, any device: the reference and
-    the fallback) or `fla_chunk` (fla's chunked Triton kernels, on CUDA where `flash-linear-attention` imports,
-    `pip install -e ".[fla]"`; q, k, v stay in the autocast dtype there, the gates float32). The PyTorch form runs
-    a Python loop over the chunks (L / chunk_size steps, a few kernels each); fla's runs a few kernels in all.
-    While `torch.jit.trace` runs (fvcore's count), `chunk_torch` stands in, since fvcore sees no products inside
-    fla's autograd Function.
+    the fallback), `cpp_loop` (`gla_recurrent_cpp`, the recurrence as one compiled loop on the CPU, forward and
+    backward, where a C++ compiler is found) or `fla_chunk` (fla's chunked Triton kernels, on CUDA where
+    `flash-linear-attention` imports, `pip install -e ".[fla]"`; q, k, v stay in the autocast dtype there, the
+    gates float32). The PyTorch form runs a Python loop over the chunks (L / chunk_size steps, a few kernels
+    each); the others a few kernels in all. MACs are the chunked form's at `chunk_size` whichever runs. While
+    `torch.jit.trace` runs (fvcore's count), `chunk_torch` stands in, since fvcore sees no products inside fla's
+    autograd Function or the compiled loop.
 
     Where it departs from ViG (cite it as "ViG-style BiGLA", not as ViG's block): the two directions are summed
     where ViG averages them (a factor of 2 before the per-head RMSNorm, which removes it except through the norm's
@@ -52,8 +55,9 @@ class BiGLA(TokenMixer):
         gate_logit_normalizer: divides logsigmoid of the gate logits, so decays start near 1 (fla's 16).
         chunk_size: steps per chunk of `chunk_gla`.
         norm_eps: epsilon of the output RMSNorm.
-        impl: `auto` (fla on CUDA where it imports, chunk_torch otherwise), `chunk_torch` or `fla` (an error
-            where fla cannot run; on the meta device, which runs no kernel, chunk_torch).
+        impl: `auto` (fla on CUDA where it imports, cpp_loop on the CPU where it builds, chunk_torch otherwise),
+            `chunk_torch`, `cpp_loop` or `fla` (an error where the one named cannot run; on the meta device, which
+            runs no kernel, chunk_torch).
     """
 
     def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, expand_k: float = 0.5,
@@ -109,15 +113,25 @@ class BiGLA(TokenMixer):
     def _resolve_impl(self, device: torch.device) -> str:
         if self.requested_impl == "chunk_torch" or device.type == "meta":
             return "chunk_torch"
-        reason = fla_unavailable_reason(device)
-        if self.requested_impl == "fla" and reason is not None:
-            raise RuntimeError(f"gla: impl='fla' cannot run here: {reason}; use impl='auto' or 'chunk_torch'")
-        return "fla_chunk" if reason is None else "chunk_torch"
+        if self.requested_impl == "cpp_loop" or (self.requested_impl == "auto" and device.type == "cpu"):
+            reason = cpp_unavailable_reason(device)
+            if reason is None:
+                return "cpp_loop"
+        else:
+            reason = fla_unavailable_reason(device)
+            if reason is None:
+                return "fla_chunk"
+        if self.requested_impl != "auto":
+            raise RuntimeError(f"gla: impl={self.requested_impl!r} cannot run here: {reason}; use impl='auto' or "
+                               "'chunk_torch'")
+        return "chunk_torch"
 
     def _causal(self, impl: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
         """One causal GLA pass, (B, H, L, V)."""
         if impl == "fla_chunk":
             return fla_chunk_gla(q, k, v, g)
+        if impl == "cpp_loop":
+            return gla_recurrent_cpp(q, k, v, g, chunk_size=self.chunk_size)
         return chunk_gla(q, k, v, g, chunk_size=self.chunk_size)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:

@@ -12,9 +12,12 @@ from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_tokens
 from .ops.precision import autocast_off
-from .ops.ssd import chunk_ssd, chunk_ssd_macs
+from .ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
+from .ops.ssd import chunk_ssd, chunk_ssd_macs, ssd_recurrent_cpp
 from .ops.token_conv import depthwise_conv_tokens, depthwise_conv_tokens_macs
 from .registry import register_mixer
+
+MAMBA2_IMPLS = ("auto", "chunk_torch", "cpp_loop")
 
 
 @register_mixer("mamba2")
@@ -37,7 +40,11 @@ class HydraMixer(TokenMixer):
     shifted by one token so neither includes the token itself; plus x (fc_D(x) + D) per head; an RMSNorm over the
     inner width, times silu(z) (Hydra normalises before gating); `out_proj`. Initialisation as Hydra: A = 1 for
     every head, dt log-uniform in [dt_min, dt_max], D = 1. The SSD runs in float32 (float64 for float64 inputs),
-    with autocast off; `impl` is `chunk_torch`.
+    with autocast off, through one of two implementations, recorded in `impl`: `chunk_torch` (`chunk_ssd`, plain
+    PyTorch, any device: the reference and the fallback) or `cpp_loop` (`ssd_recurrent_cpp`, the recurrence as one
+    compiled loop on the CPU, forward and backward, where a C++ compiler is found). MACs are the chunked form's at
+    `chunk_size` whichever runs; while `torch.jit.trace` runs (fvcore's count) `chunk_torch` stands in, since
+    fvcore sees no products inside the compiled loop.
 
     Parameters: with expand 1 and d_state = dim / 4 (the defaults), the in/out projections hold 4 dim^2 + 2 dim H
     against attention's 4 dim^2 + 4 dim, plus the conv, fc_D and norm: tests/test_mamba2.py pins the counts
@@ -61,6 +68,8 @@ class HydraMixer(TokenMixer):
             T per token and head beside the products, so chunks shorter than the GPU kernels' 256 run faster; 32
             beat 16 and 64 at the micro and tiny presets (experiments.bench.mixers, indicative).
         norm_eps: epsilon of the RMSNorm.
+        impl: `auto` (cpp_loop on the CPU where it builds, chunk_torch otherwise), `chunk_torch` or `cpp_loop` (an
+            error where it cannot run; on the meta device, which runs no kernel, chunk_torch).
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class HydraMixer(TokenMixer):
         bias: bool = False,
         chunk_size: int = 32,
         norm_eps: float = 1e-5,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         d_inner = expand * dim
@@ -91,6 +101,8 @@ class HydraMixer(TokenMixer):
             raise ValueError(f"mamba2: d_conv must be odd (a centred conv keeps the length), got {d_conv}")
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"mamba2: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+        if impl not in MAMBA2_IMPLS:
+            raise ValueError(f"mamba2: unknown impl {impl!r}; choose one of {', '.join(MAMBA2_IMPLS)}")
         if chunk_size < 1 or (d_state is not None and d_state < 1):
             raise ValueError(f"mamba2: chunk_size and d_state must be >= 1, got {chunk_size}, {d_state}")
         self.dim = dim
@@ -101,7 +113,8 @@ class HydraMixer(TokenMixer):
         self.d_conv = d_conv
         self.chunk_size = chunk_size
         self.norm_eps = norm_eps
-        self.impl = "chunk_torch"
+        self.requested_impl = impl
+        self.impl = "not_run"
 
         N, H = self.d_state, self.nheads
         # Order: z, x, (B, C) forward, (B, C) backward, dt forward, dt backward.
@@ -128,6 +141,17 @@ class HydraMixer(TokenMixer):
         return (f"dim={self.dim}, d_inner={self.d_inner}, nheads={self.nheads}, d_state={self.d_state}, "
                 f"d_conv={self.d_conv}, chunk_size={self.chunk_size}")
 
+    def _resolve_impl(self, device: torch.device) -> str:
+        if self.requested_impl == "chunk_torch" or device.type == "meta":
+            return "chunk_torch"
+        reason = cpp_unavailable_reason(device)
+        if reason is None:
+            return "cpp_loop"
+        if self.requested_impl == "cpp_loop":
+            raise RuntimeError(f"mamba2: impl='cpp_loop' cannot run here: {reason}; use impl='auto' or "
+                               "'chunk_torch'")
+        return "chunk_torch"
+
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Mixes `x (B, H * W, C)` over its tokens in row-major grid order, both ways; the grid is otherwise unused."""
         check_tokens(x, grid)
@@ -145,7 +169,13 @@ class HydraMixer(TokenMixer):
             dt = F.softplus(torch.cat([dt_fwd, dt_bwd.flip(1)]).to(compute) + self.dt_bias.to(compute))  # (2B, L, H)
             A = -torch.exp(self.A_log.to(compute))  # (H,)
             u_heads = rearrange(u_both.to(compute), "b l (h p) -> b l h p", h=H)  # (2B, L, H, P)
-            y = chunk_ssd(u_heads * dt[..., None], dt * A, b, c, chunk_size=self.chunk_size)  # (2B, L, H, P)
+            impl = self._resolve_impl(x.device)
+            if impl != "chunk_torch" and torch.jit.is_tracing():
+                impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
+            else:
+                self.impl = impl
+            ssd = ssd_recurrent_cpp if impl == "cpp_loop" else chunk_ssd
+            y = ssd(u_heads * dt[..., None], dt * A, b, c, chunk_size=self.chunk_size)  # (2B, L, H, P)
         # The diagonal: each token's own x, weighted per head by fc_D(x) + D.
         diag = F.linear(u.to(compute), self.fc_D.weight.to(compute), self.D.to(compute))  # (B, L, H)
         mixed = u_heads[:batch] * diag[..., None]  # (B, L, H, P)

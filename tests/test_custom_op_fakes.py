@@ -11,6 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mixers  # noqa: F401 - registers the ops
+from mixers.ops import gated_recurrence
 from mixers.ops.selective_scan import cpp_scan
 from mixers.ops.token_conv import cpp_conv
 
@@ -61,3 +62,18 @@ def test_cpp_selective_scan_and_its_backward(groups: int, reverse: bool) -> None
     _assert_fake_matches(torch.ops.mixerbench.selective_scan_cpp_bwd.default, dy, *args)
     no_options = (u, delta, A, B, C, None, None, None, False, reverse)
     _assert_fake_matches(torch.ops.mixerbench.selective_scan_cpp_bwd.default, dy, *no_options)
+
+
+def test_gated_recurrence_ops_and_their_backwards() -> None:
+    if gated_recurrence.unavailable_reason(torch.device("cpu")) is not None:
+        pytest.skip("the compiled gated recurrence is unavailable here")
+    batch, heads, length, keys, values = 2, 3, 7, 4, 5
+    q, k, g = (torch.randn(batch, length, heads, keys).transpose(1, 2) for _ in range(3))  # (B, H, L, K) views
+    v = torch.randn(batch, length, heads, values).transpose(1, 2)
+    _assert_fake_matches(torch.ops.mixerbench.gla_recurrent_cpp.default, q, k, v, g, 0.5, 16)
+    do = torch.randn(batch, heads, length, values)
+    _assert_fake_matches(torch.ops.mixerbench.gla_recurrent_cpp_bwd.default, do, q, k, v, g, 0.5)
+    x, a = torch.randn(batch, length, heads, values), -torch.rand(batch, length, heads)
+    b, c = torch.randn(batch, length, 2 * keys).split(keys, dim=-1)  # views of one projection
+    _assert_fake_matches(torch.ops.mixerbench.ssd_recurrent_cpp.default, x, a, b, c, 32)
+    _assert_fake_matches(torch.ops.mixerbench.ssd_recurrent_cpp_bwd.default, torch.randn_like(x), x, a, b, c)

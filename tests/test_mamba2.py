@@ -11,7 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from mixers import create_mixer
 from mixers.mamba2 import HydraMixer
-from mixers.ops.ssd import chunk_ssd, decay_matrix, hydra_matrix, naive_ssd, segsum, ssd_matrix
+from mixers.ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
+from mixers.ops.ssd import chunk_ssd, decay_matrix, hydra_matrix, naive_ssd, segsum, ssd_matrix, ssd_recurrent_cpp
 
 DIM, HEADS = 16, 2
 
@@ -204,19 +205,25 @@ def test_bfloat16_mixer_keeps_dtype() -> None:
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
 
 
-def test_runs_under_autocast_with_the_ssd_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("impl", ["chunk_torch", "cpp_loop"])
+def test_runs_under_autocast_with_the_ssd_in_float32(monkeypatch: pytest.MonkeyPatch, impl: str) -> None:
     """bf16 autocast on the CPU: the projections run in bf16, the SSD with autocast off on float32 inputs. bf16 keeps
     8 bits of mantissa (relative round-off ~4e-3 per product), so a few such layers stay within 2e-2 of float64."""
     import mixers.mamba2
 
+    if impl == "cpp_loop" and cpp_unavailable_reason(torch.device("cpu")) is not None:
+        pytest.skip(f"the compiled recurrence is unavailable: {cpp_unavailable_reason(torch.device('cpu'))}")
     seen = []
 
-    def recording_chunk_ssd(*args: torch.Tensor, **kwargs: int) -> torch.Tensor:
-        seen.append(({t.dtype for t in args}, torch.is_autocast_enabled("cpu")))
-        return chunk_ssd(*args, **kwargs)
+    def recording(ssd):
+        def record(*args: torch.Tensor, **kwargs: int) -> torch.Tensor:
+            seen.append(({t.dtype for t in args}, torch.is_autocast_enabled("cpu")))
+            return ssd(*args, **kwargs)
+        return record
 
-    monkeypatch.setattr(mixers.mamba2, "chunk_ssd", recording_chunk_ssd)
-    mixer = create_mixer("mamba2", DIM, HEADS)
+    monkeypatch.setattr(mixers.mamba2, "chunk_ssd", recording(chunk_ssd))
+    monkeypatch.setattr(mixers.mamba2, "ssd_recurrent_cpp", recording(ssd_recurrent_cpp))
+    mixer = create_mixer("mamba2", DIM, HEADS, impl=impl)
     x = torch.randn(1, 64, DIM)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = mixer(x, (8, 8))

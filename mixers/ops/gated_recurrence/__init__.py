@@ -1,0 +1,105 @@
+"""The gated linear recurrence as one compiled loop on the CPU (`cpp_recurrence.cpp`), forward and backward:
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = scale * S_t^T q_t,    S_0 = 0
+
+GLA's recurrence (one log decay per key, `mixers/ops/gla/cpp_gla.py`) and SSD's (one per head, with B and C shared
+by the heads, `mixers/ops/ssd/cpp_ssd.py`) are both this one; those files hold the ops, their counters and their
+autograd, this one the library and the calls. Every tensor is passed as a (batch, head, time, last) view with its
+last dimension adjacent: a head stride of 0 shares a tensor among the heads, a gate of width 1 one decay among the
+keys, so neither is copied per head.
+
+Built on first use (`mixers/ops/cpu_kernels.py`); where it cannot be built `unavailable_reason` says why and the
+mixers run their chunked PyTorch forms.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .. import cpu_kernels
+
+SOURCE = Path(__file__).with_name("cpp_recurrence.cpp")
+# Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
+ABI_VERSION = 1
+_CTYPE = {torch.float32: "f32", torch.float64: "f64"}
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | str:
+    """The built library, or the reason it cannot be had (cached: a failed build is not retried per call)."""
+    entries = [f"mixerbench_gated_recurrence_{way}_{suffix}" for way in ("fwd", "bwd") for suffix in _CTYPE.values()]
+    return cpu_kernels.build("C++ gated recurrence", "mixerbench_gated_recurrence", SOURCE, ABI_VERSION,
+                             "mixerbench_gated_recurrence_abi_version", entries)
+
+
+# Compiled, the answer is taken once while tracing and kept as a constant: Dynamo would otherwise trace into the
+# cached build below, warning that it ignores its cache, on every graph.
+@torch.compiler.assume_constant_result
+def unavailable_reason(device: torch.device) -> str | None:
+    """None where the compiled recurrence runs on tensors of `device`, else why not (one line)."""
+    if device.type != "cpu":
+        return f"the C++ gated recurrence runs on CPU tensors, got {device}"
+    lib = _library()
+    return lib if isinstance(lib, str) else None
+
+
+def compute_dtype(t: Tensor) -> torch.dtype:
+    """float64 for float64 inputs, float32 for every other (half types are accumulated in float32)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def last_adjacent(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """t in `dtype` as it is where its last dimension is adjacent, else a copy that is. The caller holds the result
+    while the kernel runs (a copy made inside a call's arguments would be freed before it)."""
+    t = t.to(dtype)
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _call_args(q: Tensor, k: Tensor, v: Tensor, g: Tensor, o: Tensor, grads: tuple[Tensor, ...] = ()) -> tuple:
+    """Sizes, the strides array and the pointers of q, k, v, g, as the entry points take them. The strides array has
+    a slot per tensor of the kernel's `Slot` (q, k, v, g, o, do, dq, dk, dv, dg); `grads` fills the last five (the
+    backward's), the forward's leaves them o's."""
+    batch, heads, length, keys = q.shape
+    views = (q, k, v, g, o, *(grads or (o,) * 5))
+    strides = (ctypes.c_int64 * (3 * len(views)))(*(s for t in views for s in t.stride()[:3]))
+    sizes = (batch, heads, length, keys, v.shape[-1], g.shape[-1])
+    return (*(ctypes.c_int64(s) for s in sizes), strides, *(ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, g)))
+
+
+def _threads() -> ctypes.c_int:
+    return ctypes.c_int(max(1, torch.get_num_threads()))
+
+
+def _lib() -> ctypes.CDLL:
+    lib = _library()
+    if isinstance(lib, str):
+        raise RuntimeError(lib)
+    return lib
+
+
+def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float) -> None:
+    """Writes the recurrence's outputs o into `out`.
+
+    Args:
+        out: (B, H, L, V), written.
+        q, k: (B, H, L, K).
+        v: (B, H, L, V).
+        g: log decays (B, H, L, K) or (B, H, L, 1), <= 0 for a decaying state.
+        scale: multiplies q.
+        All in one of float32 and float64, on the CPU, each with its last dimension adjacent.
+    """
+    getattr(_lib(), f"mixerbench_gated_recurrence_fwd_{_CTYPE[q.dtype]}")(
+        *_call_args(q, k, v, g, out), ctypes.c_double(scale), ctypes.c_void_p(out.data_ptr()), _threads())
+
+
+def backward_into(dq: Tensor, dk: Tensor, dv: Tensor, dg: Tensor, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                  g: Tensor, scale: float) -> None:
+    """Writes the gradients of q, k, v and g given the outputs' `dout`; each gradient shaped as its input but with a
+    row per (sequence, head) even where the input is shared among the heads (the caller sums those)."""
+    pointers = (ctypes.c_void_p(t.data_ptr()) for t in (dout, dq, dk, dv, dg))
+    getattr(_lib(), f"mixerbench_gated_recurrence_bwd_{_CTYPE[q.dtype]}")(
+        *_call_args(q, k, v, g, dout, (dout, dq, dk, dv, dg)), ctypes.c_double(scale), *pointers, _threads())

@@ -1,0 +1,212 @@
+// The gated linear recurrence as a compiled CPU loop, forward and backward: GLA's (one decay per key) and SSD's
+// (one decay per head) in one kernel.
+//
+//     S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = scale * S_t^T q_t,    S_0 = 0      (S is K x V per row)
+//
+// A row is one (sequence, head). Its state stays in a small buffer while the loop walks the sequence, so a step
+// costs 2 K V multiply-adds and K exps, with no Python or dispatch per step or per chunk. In PyTorch the chunked
+// form ran tens of small ops per layer and at the micro preset those ops' fixed cost, not their arithmetic, was most
+// of the mixer's time.
+//
+// Plain C++ on raw pointers, built and loaded by mixers/ops/cpu_kernels.py. Every tensor is (batch, head, time,
+// last) at any batch, head and time strides (`Strides`, one triple per tensor) with its last dimension adjacent; a
+// head stride of 0 shares one tensor among the heads (SSD's B and C), a gate of width 1 one decay among the keys
+// (SSD's scalar per head). The gradient outputs are written per row, so a shared tensor's gradient comes out per
+// head, for the caller to sum.
+//
+// Backward (fla's recipe, without storing a state): a forward sweep recomputes S_t for dq_t = scale S_t do_t; a
+// reverse sweep carries dS_t = scale q_t do_t^T + diag(exp(g_{t+1})) dS_{t+1} for dk_t = dS_t v_t and
+// dv_t = dS_t^T k_t. The gates' gradient needs no state at all: with b the cumulative log decay, o depends on b_t
+// through q_t exp(b_t) and k_t exp(-b_t) only, so d b_t = q_t dq_t - k_t dk_t (element-wise) and d g_t is its sum
+// over the steps from t on, accumulated in double.
+#include <cstdint>
+#include <vector>
+
+#include "../parallel_items.h"
+#include "../vector_lanes.h"
+
+namespace {
+
+// Strides of a tensor in elements: (batch, head, time); the last dimension's is 1.
+struct Strides {
+  int64_t b, h, t;
+};
+static_assert(sizeof(Strides) == 3 * sizeof(int64_t), "the entry points pass strides as int64 triples");
+// The tensors' places in the strides array the entry points take.
+enum Slot : int { kQ, kK, kV, kG, kO, kDo, kDq, kDk, kDv, kDg, kSlots };
+
+struct Shape {
+  int64_t batch, heads, length, keys, values, gate_width;  // gate_width: keys, or 1 (one decay per head)
+};
+
+// Pointers of one row (sequence b, head h) into a tensor.
+template <class P>
+inline P row_of(P base, const Strides& s, int64_t row, int64_t heads) {
+  return base + (row / heads) * s.b + (row % heads) * s.h;
+}
+
+// The step's decays exp(g_t), one per key (a gate of width 1 repeated).
+template <class T>
+inline void decays(const Shape& s, const T* __restrict g, T* __restrict a) {
+  if (s.gate_width == 1) {
+    const T one = exp_lane(g[0]);
+    for (int64_t k = 0; k < s.keys; ++k) a[k] = one;
+    return;
+  }
+#pragma omp simd
+  for (int64_t k = 0; k < s.keys; ++k) a[k] = exp_lane(g[k]);
+}
+
+// State rows k: S[k] <- a[k] S[k] + key[k] v, then, where ReadOut, out += w[k] S[k] (the forward's o with
+// w = scale q, the reverse sweep's dv with w = k). Four rows per pass over `out`, so it is loaded and stored once per
+// four rows rather than once per row (a store-to-load chain through the step).
+template <class T, bool ReadOut>
+inline void update_rows(int64_t keys, int64_t values, const T* __restrict a, const T* __restrict key,
+                        const T* __restrict v, const T* __restrict w, T* __restrict S, T* __restrict out) {
+  int64_t k = 0;
+  for (; k + 4 <= keys; k += 4) {
+    T* __restrict s0 = S + k * values;
+    T* __restrict s1 = s0 + values;
+    T* __restrict s2 = s1 + values;
+    T* __restrict s3 = s2 + values;
+#pragma omp simd
+    for (int64_t j = 0; j < values; ++j) {
+      const T n0 = a[k] * s0[j] + key[k] * v[j];
+      const T n1 = a[k + 1] * s1[j] + key[k + 1] * v[j];
+      const T n2 = a[k + 2] * s2[j] + key[k + 2] * v[j];
+      const T n3 = a[k + 3] * s3[j] + key[k + 3] * v[j];
+      s0[j] = n0;
+      s1[j] = n1;
+      s2[j] = n2;
+      s3[j] = n3;
+      if constexpr (ReadOut) out[j] += (w[k] * n0 + w[k + 1] * n1) + (w[k + 2] * n2 + w[k + 3] * n3);
+    }
+  }
+  for (; k < keys; ++k) {
+    T* __restrict s0 = S + k * values;
+#pragma omp simd
+    for (int64_t j = 0; j < values; ++j) {
+      const T n0 = a[k] * s0[j] + key[k] * v[j];
+      s0[j] = n0;
+      if constexpr (ReadOut) out[j] += w[k] * n0;
+    }
+  }
+}
+
+template <class T>
+inline T dot(const T* __restrict x, const T* __restrict y, int64_t n) {
+  T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) sum += x[j] * y[j];
+  return sum;
+}
+
+template <class T>
+void forward(const Shape& s, const Strides* st, const T* q, const T* k, const T* v, const T* g, T scale, T* o,
+             int threads) {
+  const int64_t K = s.keys, V = s.values;
+  parallel_items(s.batch * s.heads, threads, [&](int64_t row, int) {
+    const T* qr = row_of(q, st[kQ], row, s.heads);
+    const T* kr = row_of(k, st[kK], row, s.heads);
+    const T* vr = row_of(v, st[kV], row, s.heads);
+    const T* gr = row_of(g, st[kG], row, s.heads);
+    T* orow = row_of(o, st[kO], row, s.heads);
+    std::vector<T> state(K * V, T(0)), a(K), w(K);
+    for (int64_t t = 0; t < s.length; ++t) {
+      const T* qt = qr + t * st[kQ].t;
+      decays(s, gr + t * st[kG].t, a.data());
+      for (int64_t j = 0; j < K; ++j) w[j] = scale * qt[j];
+      T* ot = orow + t * st[kO].t;
+      for (int64_t j = 0; j < V; ++j) ot[j] = T(0);
+      update_rows<T, true>(K, V, a.data(), kr + t * st[kK].t, vr + t * st[kV].t, w.data(), state.data(), ot);
+    }
+  });
+}
+
+template <class T>
+void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T* v, const T* g, T scale,
+              const T* dout, T* dq, T* dk, T* dv, T* dg, int threads) {
+  const int64_t K = s.keys, V = s.values;
+  parallel_items(s.batch * s.heads, threads, [&](int64_t row, int) {
+    const T* qr = row_of(q, st[kQ], row, s.heads);
+    const T* kr = row_of(k, st[kK], row, s.heads);
+    const T* vr = row_of(v, st[kV], row, s.heads);
+    const T* gr = row_of(g, st[kG], row, s.heads);
+    const T* dor = row_of(dout, st[kDo], row, s.heads);
+    T* dqr = row_of(dq, st[kDq], row, s.heads);
+    T* dkr = row_of(dk, st[kDk], row, s.heads);
+    T* dvr = row_of(dv, st[kDv], row, s.heads);
+    T* dgr = row_of(dg, st[kDg], row, s.heads);
+    std::vector<T> state(K * V, T(0)), a(K), w(K);
+    // Forward sweep: the states again, read against do for dq (the readout itself is not needed).
+    for (int64_t t = 0; t < s.length; ++t) {
+      decays(s, gr + t * st[kG].t, a.data());
+      update_rows<T, false>(K, V, a.data(), kr + t * st[kK].t, vr + t * st[kV].t, nullptr, state.data(), nullptr);
+      const T* dot_ = dor + t * st[kDo].t;
+      T* dqt = dqr + t * st[kDq].t;
+      for (int64_t j = 0; j < K; ++j) dqt[j] = scale * dot(state.data() + j * V, dot_, V);
+    }
+    // Reverse sweep: dS in `state`, decayed by the next step's gates; d g summed from the end in double.
+    for (int64_t j = 0; j < K * V; ++j) state[j] = T(0);
+    for (int64_t j = 0; j < K; ++j) a[j] = T(0);  // no step after the last
+    std::vector<double> running(s.gate_width, 0.0);
+    for (int64_t t = s.length - 1; t >= 0; --t) {
+      const T* qt = qr + t * st[kQ].t;
+      const T* kt = kr + t * st[kK].t;
+      const T* vt = vr + t * st[kV].t;
+      const T* dot_ = dor + t * st[kDo].t;
+      for (int64_t j = 0; j < K; ++j) w[j] = scale * qt[j];
+      T* dvt = dvr + t * st[kDv].t;
+      for (int64_t j = 0; j < V; ++j) dvt[j] = T(0);
+      // dS <- a_{t+1} dS + (scale q_t) do_t^T, and dv_t = dS^T k_t: update_rows with the roles of k and q swapped.
+      update_rows<T, true>(K, V, a.data(), w.data(), dot_, kt, state.data(), dvt);
+      const T* dqt = dqr + t * st[kDq].t;
+      T* dkt = dkr + t * st[kDk].t;
+      T* dgt = dgr + t * st[kDg].t;
+      double step = 0.0;
+      for (int64_t j = 0; j < K; ++j) {
+        dkt[j] = dot(state.data() + j * V, vt, V);
+        const double db = double(qt[j]) * double(dqt[j]) - double(kt[j]) * double(dkt[j]);
+        if (s.gate_width == 1) {
+          step += db;
+        } else {
+          running[j] += db;
+          dgt[j] = T(running[j]);
+        }
+      }
+      if (s.gate_width == 1) {
+        running[0] += step;
+        dgt[0] = T(running[0]);
+      }
+      decays(s, gr + t * st[kG].t, a.data());
+    }
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+int mixerbench_gated_recurrence_abi_version() { return 1; }
+
+// strides: kSlots triples (batch, head, time) in Slot order; the forward reads the first five (q, k, v, g, o).
+#define MIXERBENCH_GATED_RECURRENCE_ENTRY(T, suffix)                                                            \
+  void mixerbench_gated_recurrence_fwd_##suffix(int64_t batch, int64_t heads, int64_t length, int64_t keys,     \
+                                                int64_t values, int64_t gate_width, const int64_t* strides,     \
+                                                const T* q, const T* k, const T* v, const T* g, double scale,   \
+                                                T* o, int threads) {                                            \
+    forward<T>(Shape{batch, heads, length, keys, values, gate_width}, reinterpret_cast<const Strides*>(strides), \
+               q, k, v, g, T(scale), o, threads);                                                               \
+  }                                                                                                             \
+  void mixerbench_gated_recurrence_bwd_##suffix(int64_t batch, int64_t heads, int64_t length, int64_t keys,     \
+                                                int64_t values, int64_t gate_width, const int64_t* strides,     \
+                                                const T* q, const T* k, const T* v, const T* g, double scale,   \
+                                                const T* dout, T* dq, T* dk, T* dv, T* dg, int threads) {       \
+    backward<T>(Shape{batch, heads, length, keys, values, gate_width},                                          \
+                reinterpret_cast<const Strides*>(strides), q, k, v, g, T(scale), dout, dq, dk, dv, dg, threads); \
+  }
+
+MIXERBENCH_GATED_RECURRENCE_ENTRY(float, f32)
+MIXERBENCH_GATED_RECURRENCE_ENTRY(double, f64)
+
+}  // extern "C"

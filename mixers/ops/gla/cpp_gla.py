@@ -1,0 +1,80 @@
+"""The custom op `mixerbench::gla_recurrent_cpp` (`cpp_loop`): GLA's recurrence step by step in the compiled loop of
+`mixers/ops/gated_recurrence`, forward and backward, on the CPU.
+
+Arguments and result as `chunk_gla`, whose products it replaces: where the chunked form runs tens of PyTorch ops
+per call (each a dispatch and a pass over memory, most of the mixer's time at the micro preset), this runs one
+loop per (sequence, head) with the K x V state in a small buffer. `chunk_size` is not used by the loop: the
+counters charge the chunked form's MACs (`chunk_gla_macs`) at that chunk size, so a mixer's MACs are one number
+whichever implementation runs, as the meta device's count and fla's GPU kernels see them.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from ..gated_recurrence import backward_into, compute_dtype, forward_into, last_adjacent
+from .chunk import chunk_gla_macs
+
+
+def gla_recurrent_cpp(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float | None = None, chunk_size: int = 16
+                      ) -> Tensor:
+    """Causal gated linear attention through the compiled loop; arguments and result as `chunk_gla` (CPU tensors;
+    float64 computed in float64, others in float32)."""
+    if chunk_size < 1:
+        raise ValueError(f"gla_recurrent_cpp: chunk_size must be >= 1, got {chunk_size}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return torch.ops.mixerbench.gla_recurrent_cpp(q, k, v, g, float(scale), chunk_size).to(q.dtype)
+
+
+@torch.library.custom_op("mixerbench::gla_recurrent_cpp", mutates_args=())
+def _gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, chunk_size: int) -> Tensor:
+    compute = compute_dtype(q)
+    q, k, v, g = (last_adjacent(t, compute) for t in (q, k, v, g))
+    out = q.new_empty(*q.shape[:3], v.shape[-1])  # (B, H, L, V)
+    forward_into(out, q, k, v, g, scale)
+    return out
+
+
+@_gla.register_fake
+def _gla_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, chunk_size: int) -> Tensor:
+    return q.new_empty(*q.shape[:3], v.shape[-1], dtype=compute_dtype(q))
+
+
+@torch.library.custom_op("mixerbench::gla_recurrent_cpp_bwd", mutates_args=())
+def _gla_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dg) in the compute dtype, contiguous, shaped as q, k, v, g."""
+    compute = compute_dtype(q)
+    dout, q, k, v, g = (last_adjacent(t, compute) for t in (dout, q, k, v, g))
+    grads = tuple(t.new_empty(t.shape) for t in (q, k, v, g))
+    backward_into(*grads, dout, q, k, v, g, scale)
+    return grads
+
+
+@_gla_backward.register_fake
+def _gla_backward_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(t.new_empty(t.shape, dtype=compute_dtype(q)) for t in (q, k, v, g))
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    q, k, v, g, scale, _ = inputs
+    ctx.save_for_backward(q, k, v, g)
+    ctx.scale = scale
+
+
+def _backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:
+    q, k, v, g = ctx.saved_tensors
+    grads = torch.ops.mixerbench.gla_recurrent_cpp_bwd(dout, q, k, v, g, ctx.scale)
+    return (*(d.to(t.dtype) for d, t in zip(grads, (q, k, v, g))), None, None)
+
+
+_gla.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.mixerbench.gla_recurrent_cpp)
+def _gla_flops(q_shape: list[int], k_shape: list[int], v_shape: list[int], g_shape: list[int], scale: float,
+               chunk_size: int, **kwargs) -> int:
+    batch, heads, length, key_dim = q_shape
+    return 2 * batch * chunk_gla_macs(heads, length, key_dim, v_shape[-1], chunk_size)

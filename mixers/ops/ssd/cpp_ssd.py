@@ -1,0 +1,87 @@
+"""The custom op `mixerbench::ssd_recurrent_cpp` (`cpp_loop`): SSD's recurrence step by step in the compiled loop of
+`mixers/ops/gated_recurrence`, forward and backward, on the CPU.
+
+Arguments and result as `chunk_ssd`. SSD is the gated recurrence with one decay per head (a gate of width 1) and
+B and C shared by the heads (passed with a head stride of 0, never copied per head): keys b, queries c, values x,
+scale 1. Where the chunked form runs tens of PyTorch ops per call, most of mamba2's time at the micro preset, this
+runs one loop per (sequence, head). `chunk_size` is not used by the loop: the counters charge the chunked form's
+MACs (`chunk_ssd_macs`) at that chunk size, so the mixer's MACs are one number whichever implementation runs.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from ..gated_recurrence import backward_into, compute_dtype, forward_into, last_adjacent
+from .chunk import chunk_ssd_macs
+
+
+def ssd_recurrent_cpp(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
+    """Causal SSD through the compiled loop; arguments and result as `chunk_ssd` (CPU tensors; float64 computed in
+    float64, others in float32)."""
+    if chunk_size < 1:
+        raise ValueError(f"ssd_recurrent_cpp: chunk_size must be >= 1, got {chunk_size}")
+    return torch.ops.mixerbench.ssd_recurrent_cpp(x, a, b, c, chunk_size).to(x.dtype)
+
+
+def _views(x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """q, k, v, g of the gated recurrence, (batch, H, L, *) views: c and b shared by the heads (stride 0), x's heads
+    as they lie, a gate of width 1 per head."""
+    heads = x.shape[2]
+    shared = [m.unsqueeze(1).expand(-1, heads, -1, -1) for m in (c, b)]  # (batch, H, L, N), no copy
+    return shared[0], shared[1], x.transpose(1, 2), a.transpose(1, 2).unsqueeze(-1)
+
+
+@torch.library.custom_op("mixerbench::ssd_recurrent_cpp", mutates_args=())
+def _ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
+    compute = compute_dtype(x)
+    x, a, b, c = (last_adjacent(t, compute) for t in (x, a, b, c))
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)  # (batch, L, H, P)
+    forward_into(y.transpose(1, 2), *_views(x, a, b, c), 1.0)
+    return y
+
+
+@_ssd.register_fake
+def _ssd_fake(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
+    return x.new_empty(x.shape, dtype=compute_dtype(x))
+
+
+@torch.library.custom_op("mixerbench::ssd_recurrent_cpp_bwd", mutates_args=())
+def _ssd_backward(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, da, db, dc) in the compute dtype, contiguous, shaped as x, a, b, c."""
+    compute = compute_dtype(x)
+    dy, x, a, b, c = (last_adjacent(t, compute) for t in (dy, x, a, b, c))
+    batch, length, heads, _ = x.shape
+    dx, da = x.new_empty(x.shape), a.new_empty(a.shape)
+    dc_heads, db_heads = (x.new_empty(batch, heads, length, m.shape[-1]) for m in (c, b))  # per head, summed below
+    backward_into(dc_heads, db_heads, dx.transpose(1, 2), da.transpose(1, 2).unsqueeze(-1), dy.transpose(1, 2),
+                  *_views(x, a, b, c), 1.0)
+    return dx, da, db_heads.sum(1), dc_heads.sum(1)
+
+
+@_ssd_backward.register_fake
+def _ssd_backward_fake(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(t.new_empty(t.shape, dtype=compute_dtype(x)) for t in (x, a, b, c))
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    x, a, b, c, _ = inputs
+    ctx.save_for_backward(x, a, b, c)
+
+
+def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
+    x, a, b, c = ctx.saved_tensors
+    grads = torch.ops.mixerbench.ssd_recurrent_cpp_bwd(dy, x, a, b, c)
+    return (*(d.to(t.dtype) for d, t in zip(grads, (x, a, b, c))), None)
+
+
+_ssd.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.mixerbench.ssd_recurrent_cpp)
+def _ssd_flops(x_shape: list[int], a_shape: list[int], b_shape: list[int], c_shape: list[int], chunk_size: int,
+               **kwargs) -> int:
+    batch, length, heads, head_dim = x_shape
+    return 2 * batch * chunk_ssd_macs(length, heads, head_dim, b_shape[-1], chunk_size)
