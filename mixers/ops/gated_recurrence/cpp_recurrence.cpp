@@ -57,10 +57,10 @@ inline void decays(const Shape& s, const T* __restrict g, T* __restrict a) {
   for (int64_t k = 0; k < s.keys; ++k) a[k] = exp_lane(g[k]);
 }
 
-// State rows k: S[k] <- a[k] S[k] + key[k] v, then, where ReadOut, out += w[k] S[k] (the forward's o with
-// w = scale q, the reverse sweep's dv with w = k). Four rows per pass over `out`, so it is loaded and stored once per
-// four rows rather than once per row (a store-to-load chain through the step).
-template <class T, bool ReadOut>
+// State rows k: S[k] <- a[k] S[k] + key[k] v, then out += w[k] S[k] (the forward's o with w = scale q, the reverse
+// sweep's dv with w = k). Four rows per pass over `out`, so it is loaded and stored once per four rows rather than
+// once per row (a store-to-load chain through the step).
+template <class T>
 inline void update_rows(int64_t keys, int64_t values, const T* __restrict a, const T* __restrict key,
                         const T* __restrict v, const T* __restrict w, T* __restrict S, T* __restrict out) {
   int64_t k = 0;
@@ -79,7 +79,7 @@ inline void update_rows(int64_t keys, int64_t values, const T* __restrict a, con
       s1[j] = n1;
       s2[j] = n2;
       s3[j] = n3;
-      if constexpr (ReadOut) out[j] += (w[k] * n0 + w[k + 1] * n1) + (w[k + 2] * n2 + w[k + 3] * n3);
+      out[j] += (w[k] * n0 + w[k + 1] * n1) + (w[k + 2] * n2 + w[k + 3] * n3);
     }
   }
   for (; k < keys; ++k) {
@@ -88,7 +88,43 @@ inline void update_rows(int64_t keys, int64_t values, const T* __restrict a, con
     for (int64_t j = 0; j < values; ++j) {
       const T n0 = a[k] * s0[j] + key[k] * v[j];
       s0[j] = n0;
-      if constexpr (ReadOut) out[j] += w[k] * n0;
+      out[j] += w[k] * n0;
+    }
+  }
+}
+
+// The same update on a transposed state, S^T (V rows of K): S^T[j] <- a S^T[j] + v[j] key (element-wise over the
+// keys), then out += w[j] S^T[j]. The backward's forward sweep runs it with w = do: dq_t = S_t do_t then sums rows
+// vertically, where on S (K rows of V) each of its K entries was a horizontal sum.
+template <class T>
+inline void update_columns(int64_t keys, int64_t values, const T* __restrict a, const T* __restrict key,
+                           const T* __restrict v, const T* __restrict w, T* __restrict ST, T* __restrict out) {
+  int64_t j = 0;
+  for (; j + 4 <= values; j += 4) {
+    T* __restrict s0 = ST + j * keys;
+    T* __restrict s1 = s0 + keys;
+    T* __restrict s2 = s1 + keys;
+    T* __restrict s3 = s2 + keys;
+#pragma omp simd
+    for (int64_t c = 0; c < keys; ++c) {
+      const T n0 = a[c] * s0[c] + key[c] * v[j];
+      const T n1 = a[c] * s1[c] + key[c] * v[j + 1];
+      const T n2 = a[c] * s2[c] + key[c] * v[j + 2];
+      const T n3 = a[c] * s3[c] + key[c] * v[j + 3];
+      s0[c] = n0;
+      s1[c] = n1;
+      s2[c] = n2;
+      s3[c] = n3;
+      out[c] += (w[j] * n0 + w[j + 1] * n1) + (w[j + 2] * n2 + w[j + 3] * n3);
+    }
+  }
+  for (; j < values; ++j) {
+    T* __restrict s0 = ST + j * keys;
+#pragma omp simd
+    for (int64_t c = 0; c < keys; ++c) {
+      const T n0 = a[c] * s0[c] + key[c] * v[j];
+      s0[c] = n0;
+      out[c] += w[j] * n0;
     }
   }
 }
@@ -118,7 +154,7 @@ void forward(const Shape& s, const Strides* st, const T* q, const T* k, const T*
       for (int64_t j = 0; j < K; ++j) w[j] = scale * qt[j];
       T* ot = orow + t * st[kO].t;
       for (int64_t j = 0; j < V; ++j) ot[j] = T(0);
-      update_rows<T, true>(K, V, a.data(), kr + t * st[kK].t, vr + t * st[kV].t, w.data(), state.data(), ot);
+      update_rows(K, V, a.data(), kr + t * st[kK].t, vr + t * st[kV].t, w.data(), state.data(), ot);
     }
   });
 }
@@ -138,13 +174,15 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
     T* dvr = row_of(dv, st[kDv], row, s.heads);
     T* dgr = row_of(dg, st[kDg], row, s.heads);
     std::vector<T> state(K * V, T(0)), a(K), w(K);
-    // Forward sweep: the states again, read against do for dq (the readout itself is not needed).
+    // Forward sweep: the states again (transposed), read against do for dq; the readout itself is not needed.
     for (int64_t t = 0; t < s.length; ++t) {
       decays(s, gr + t * st[kG].t, a.data());
-      update_rows<T, false>(K, V, a.data(), kr + t * st[kK].t, vr + t * st[kV].t, nullptr, state.data(), nullptr);
-      const T* dot_ = dor + t * st[kDo].t;
       T* dqt = dqr + t * st[kDq].t;
-      for (int64_t j = 0; j < K; ++j) dqt[j] = scale * dot(state.data() + j * V, dot_, V);
+      for (int64_t j = 0; j < K; ++j) w[j] = T(0);
+      update_columns(K, V, a.data(), kr + t * st[kK].t, vr + t * st[kV].t, dor + t * st[kDo].t, state.data(),
+                     w.data());
+#pragma omp simd
+      for (int64_t j = 0; j < K; ++j) dqt[j] = scale * w[j];
     }
     // Reverse sweep: dS in `state`, decayed by the next step's gates; d g summed from the end in double.
     for (int64_t j = 0; j < K * V; ++j) state[j] = T(0);
@@ -159,24 +197,24 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
       T* dvt = dvr + t * st[kDv].t;
       for (int64_t j = 0; j < V; ++j) dvt[j] = T(0);
       // dS <- a_{t+1} dS + (scale q_t) do_t^T, and dv_t = dS^T k_t: update_rows with the roles of k and q swapped.
-      update_rows<T, true>(K, V, a.data(), w.data(), dot_, kt, state.data(), dvt);
+      update_rows(K, V, a.data(), w.data(), dot_, kt, state.data(), dvt);
       const T* dqt = dqr + t * st[kDq].t;
       T* dkt = dkr + t * st[kDk].t;
       T* dgt = dgr + t * st[kDg].t;
-      double step = 0.0;
-      for (int64_t j = 0; j < K; ++j) {
-        dkt[j] = dot(state.data() + j * V, vt, V);
-        const double db = double(qt[j]) * double(dqt[j]) - double(kt[j]) * double(dkt[j]);
-        if (s.gate_width == 1) {
-          step += db;
-        } else {
-          running[j] += db;
-          dgt[j] = T(running[j]);
-        }
-      }
+      for (int64_t j = 0; j < K; ++j) dkt[j] = dot(state.data() + j * V, vt, V);
       if (s.gate_width == 1) {
+        double step = 0.0;
+#pragma omp simd reduction(+ : step)
+        for (int64_t j = 0; j < K; ++j) step += double(qt[j]) * double(dqt[j]) - double(kt[j]) * double(dkt[j]);
         running[0] += step;
         dgt[0] = T(running[0]);
+      } else {
+        double* __restrict sum = running.data();
+#pragma omp simd
+        for (int64_t j = 0; j < K; ++j) {
+          sum[j] += double(qt[j]) * double(dqt[j]) - double(kt[j]) * double(dkt[j]);
+          dgt[j] = T(sum[j]);
+        }
       }
       decays(s, gr + t * st[kG].t, a.data());
     }
