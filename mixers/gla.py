@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_int_option, check_positive_option, check_tokens
 from .ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
-from .ops.gla import chunk_gla, chunk_gla_macs, fla_chunk_gla, fla_unavailable_reason, gla_recurrent_cpp
+from .ops.gla import chunk_gla, chunk_gla_macs, fla_chunk_gla, fla_unavailable_reason, gla_both_ways_cpp
 from .ops.precision import autocast_off
 from .registry import register_mixer
 
@@ -23,13 +23,14 @@ class BiGLA(TokenMixer):
     Shared `q_proj`, `k_proj` (to `expand_k * dim`), `v_proj`, output gate `g_proj` and `o_proj`, as fla's
     `GatedLinearAttention`; each direction has its own forget gate `gk_proj[0]` (forward) / `gk_proj[1]` (backward),
     a rank-`gate_low_rank_dim` projection to `logsigmoid(.) / gate_logit_normalizer`, ViG's direction-wise gating.
-    The backward direction runs the causal GLA on the reversed sequence, stacked on the batch with the forward one,
-    so one pass runs both (as mamba2's SSD). Both outputs include the token itself (the diagonal of each causal
+    The backward direction runs the causal GLA on the reversed sequence, in the same call as the forward one (stacked
+    on the batch for the chunked forms, as a second direction of the compiled loop). Both outputs include the token itself (the diagonal of each causal
     map), so it counts twice in the sum; then a per-head RMSNorm times swish(g), `o_proj`.
     ViG's 2D locality-injection conv is not part of this mixer. The recurrences run in float32 through one of three
     implementations, recorded in `impl`: `chunk_torch` (`chunk_gla`, plain PyTorch, any device: the reference and
-    the fallback), `cpp_loop` (`gla_recurrent_cpp`, the recurrence as one compiled loop on the CPU, forward and
-    backward, where a C++ compiler is found) or `fla_chunk` (fla's chunked Triton kernels, on CUDA where
+    the fallback), `cpp_loop` (`gla_both_ways_cpp`: both directions as one compiled loop on the CPU, forward and
+    backward, the backward direction walked from the sequence's end so nothing is flipped; where a C++ compiler
+    is found) or `fla_chunk` (fla's chunked Triton kernels, on CUDA where
     `flash-linear-attention` imports, `pip install -e ".[fla]"`; q, k, v stay in the autocast dtype there, the
     gates float32). The PyTorch form runs a Python loop over the chunks (L / chunk_size steps, a few kernels
     each); the others a few kernels in all. MACs are the chunked form's at `chunk_size` whichever runs. While
@@ -130,8 +131,6 @@ class BiGLA(TokenMixer):
         """One causal GLA pass, (B, H, L, V)."""
         if impl == "fla_chunk":
             return fla_chunk_gla(q, k, v, g)
-        if impl == "cpp_loop":
-            return gla_recurrent_cpp(q, k, v, g, chunk_size=self.chunk_size)
         return chunk_gla(q, k, v, g, chunk_size=self.chunk_size)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
@@ -149,12 +148,15 @@ class BiGLA(TokenMixer):
         else:
             self.impl = impl
         with autocast_off(x.device.type):  # the GLA state must stay float32
-            # Both directions in one pass, the backward one as the forward one over flipped sequences stacked on
-            # the batch: each op of the chunked form runs once on twice the rows instead of twice (at small N its
-            # fixed cost per op, not its arithmetic, is most of the time).
-            both = [torch.cat([t, t.flip(2)]) for t in (q, k, v)] + [torch.cat([gates[0], gates[1].flip(2)])]
-            o = self._causal(impl, *both).to(compute)  # (2B, H, L, V)
-            o = o[: x.shape[0]] + o[x.shape[0]:].flip(2)  # (B, H, L, V)
+            if impl == "cpp_loop":  # both directions in one call, the backward one walked from the end: no copies
+                o = gla_both_ways_cpp(q, k, v, *gates, chunk_size=self.chunk_size).to(compute)  # (B, H, L, V)
+            else:
+                # Both directions in one pass, the backward one as the forward one over flipped sequences stacked on
+                # the batch: each op of the chunked form runs once on twice the rows instead of twice (at small N
+                # its fixed cost per op, not its arithmetic, is most of the time).
+                both = [torch.cat([t, t.flip(2)]) for t in (q, k, v)] + [torch.cat([gates[0], gates[1].flip(2)])]
+                o = self._causal(impl, *both).to(compute)  # (2B, H, L, V)
+                o = o[: x.shape[0]] + o[x.shape[0]:].flip(2)  # (B, H, L, V)
             o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.norm_eps) * self.g_norm_weight.to(compute)
         o = rearrange(o, "b h l d -> b l (h d)").to(x.dtype)  # (B, L, C)
         return self.o_proj(o * F.silu(self.g_proj(x)))

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .base import Grid, TokenMixer, check_tokens
 from .ops.precision import autocast_off
 from .ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
-from .ops.ssd import chunk_ssd, chunk_ssd_macs, ssd_recurrent_cpp
+from .ops.ssd import chunk_ssd, chunk_ssd_macs, ssd_both_ways_cpp
 from .ops.token_conv import depthwise_conv_tokens, depthwise_conv_tokens_macs
 from .registry import register_mixer
 
@@ -29,8 +29,9 @@ class HydraMixer(TokenMixer):
     triangle is the forward SSD shifted by one token, the strictly upper the backward SSD shifted likewise, and the
     diagonal a separate, input-dependent weight per head (`fc_D(x) + D`). A sum of two causal scans (Vim, ViG)
     counts each token's own contribution twice through two coupled terms; Hydra's diagonal is free. It costs what
-    Vim's pair costs: both directions come out of the one `in_proj` and the one conv, and run as one SSD call on
-    the flipped sequence stacked onto the batch. With `mamba` on Vim's recipe the suite has both recipes; a
+    Vim's pair costs: both directions come out of the one `in_proj` and the one conv, and run as one SSD call
+    (the compiled loop walks the backward one from the end; the chunked form takes the flipped sequence stacked
+    onto the batch). With `mamba` on Vim's recipe the suite has both recipes; a
     mamba2-vs-mamba difference is SSD with Hydra against Mamba-1 with Vim, not the SSM alone.
 
     Layout (Hydra's `Hydra` module, on Mamba-2's `Mamba2Simple`): `in_proj` gives the gate z, x, B and C for each
@@ -41,8 +42,9 @@ class HydraMixer(TokenMixer):
     inner width, times silu(z) (Hydra normalises before gating); `out_proj`. Initialisation as Hydra: A = 1 for
     every head, dt log-uniform in [dt_min, dt_max], D = 1. The SSD runs in float32 (float64 for float64 inputs),
     with autocast off, through one of two implementations, recorded in `impl`: `chunk_torch` (`chunk_ssd`, plain
-    PyTorch, any device: the reference and the fallback) or `cpp_loop` (`ssd_recurrent_cpp`, the recurrence as one
-    compiled loop on the CPU, forward and backward, where a C++ compiler is found). MACs are the chunked form's at
+    PyTorch, any device: the reference and the fallback) or `cpp_loop` (`ssd_both_ways_cpp`: both directions as one
+    compiled loop on the CPU, forward and backward, the backward one walked from the sequence's end so nothing is
+    flipped; where a C++ compiler is found). MACs are the chunked form's at
     `chunk_size` whichever runs; while `torch.jit.trace` runs (fvcore's count) `chunk_torch` stands in, since
     fvcore sees no products inside the compiled loop.
 
@@ -152,37 +154,46 @@ class HydraMixer(TokenMixer):
                                "'chunk_torch'")
         return "chunk_torch"
 
+    def _both_ways(self, impl: str, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+        """The SSD of direction 0 causal and of direction 1 anti-causal (from the last token back), each input and
+        the result (2, B, L, ...) in the sequence's order."""
+        if impl == "cpp_loop":  # one call of the compiled loop, the backward direction walked from the end
+            return ssd_both_ways_cpp(x, a, b, c, chunk_size=self.chunk_size)
+        # The chunked form: the backward direction as the causal SSD of the flipped sequence, stacked onto the
+        # batch, so one call runs both.
+        y = chunk_ssd(*(torch.cat([t[0], t[1].flip(1)]) for t in (x, a, b, c)), chunk_size=self.chunk_size)
+        return torch.stack([y[: x.shape[1]], y[x.shape[1]:].flip(1)])
+
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Mixes `x (B, H * W, C)` over its tokens in row-major grid order, both ways; the grid is otherwise unused."""
         check_tokens(x, grid)
-        batch, N, H = x.shape[0], self.d_state, self.nheads
+        N, H = self.d_state, self.nheads
         compute = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 tests
         z, xbc, dt = torch.split(self.in_proj(x), [self.d_inner, self.d_inner + 4 * N, 2 * H], dim=-1)
         # The centred conv on the time-major rows as they come (no channel-major copies, see mixers/ops/token_conv).
         xbc = depthwise_conv_tokens(xbc, self.conv1d.weight, self.conv1d.bias, self.d_conv // 2, silu=True)
-        u, bc_fwd, bc_bwd = torch.split(xbc, [self.d_inner, 2 * N, 2 * N], dim=-1)  # (B, L, *) each
-        dt_fwd, dt_bwd = dt.chunk(2, dim=-1)  # (B, L, H) each
-        # The backward direction is the causal SSD of the flipped sequence, stacked onto the batch: one call runs both.
-        u_both = torch.cat([u, u.flip(1)])  # (2B, L, d_inner)
-        b, c = torch.cat([bc_fwd, bc_bwd.flip(1)]).to(compute).split(N, dim=-1)  # (2B, L, N) each
+        u, bc = torch.split(xbc, [self.d_inner, 4 * N], dim=-1)  # (B, L, d_inner), (B, L, 4N)
+        # The two directions on a leading axis, as views: B and C of each (forward, backward), and dt of each.
+        bc = bc.unflatten(-1, (2, 2, N)).movedim(2, 0).to(compute)  # (2, B, L, {B, C}, N)
+        b, c = bc[..., 0, :], bc[..., 1, :]  # (2, B, L, N) each
         with autocast_off(x.device.type):
-            dt = F.softplus(torch.cat([dt_fwd, dt_bwd.flip(1)]).to(compute) + self.dt_bias.to(compute))  # (2B, L, H)
+            dt = dt.unflatten(-1, (2, H)).movedim(2, 0).to(compute)  # (2, B, L, H)
+            dt = F.softplus(dt + self.dt_bias.to(compute))
             A = -torch.exp(self.A_log.to(compute))  # (H,)
-            u_heads = rearrange(u_both.to(compute), "b l (h p) -> b l h p", h=H)  # (2B, L, H, P)
+            u_heads = rearrange(u.to(compute), "b l (h p) -> b l h p", h=H)  # (B, L, H, P)
             impl = self._resolve_impl(x.device)
             if impl != "chunk_torch" and torch.jit.is_tracing():
                 impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
             else:
                 self.impl = impl
-            ssd = ssd_recurrent_cpp if impl == "cpp_loop" else chunk_ssd
-            y = ssd(u_heads * dt[..., None], dt * A, b, c, chunk_size=self.chunk_size)  # (2B, L, H, P)
+            y = self._both_ways(impl, u_heads * dt[..., None], dt * A, b, c)  # (2, B, L, H, P)
         # The diagonal: each token's own x, weighted per head by fc_D(x) + D.
         diag = F.linear(u.to(compute), self.fc_D.weight.to(compute), self.D.to(compute))  # (B, L, H)
-        mixed = u_heads[:batch] * diag[..., None]  # (B, L, H, P)
+        mixed = u_heads * diag[..., None]  # (B, L, H, P)
         # Hydra's shift: each direction's output at a token is its SSD's at the token before (after, backwards), so
         # the token itself enters only through the diagonal. Added in place into slices: no shifted copies.
-        mixed[:, 1:] += y[:batch, :-1]
-        mixed[:, :-1] += y[batch:].flip(1)[:, 1:]
+        mixed[:, 1:] += y[0, :, :-1]
+        mixed[:, :-1] += y[1, :, 1:]
         y = rearrange(mixed, "b l h p -> b l (h p)")  # (B, L, d_inner)
         y = F.rms_norm(y, (self.d_inner,), self.norm_weight.to(compute), self.norm_eps) * F.silu(z.to(compute))
         return self.out_proj(y.to(x.dtype))

@@ -68,12 +68,14 @@ def test_gated_recurrence_ops_and_their_backwards() -> None:
     if gated_recurrence.unavailable_reason(torch.device("cpu")) is not None:
         pytest.skip("the compiled gated recurrence is unavailable here")
     batch, heads, length, keys, values = 2, 3, 7, 4, 5
-    q, k, g = (torch.randn(batch, length, heads, keys).transpose(1, 2) for _ in range(3))  # (B, H, L, K) views
-    v = torch.randn(batch, length, heads, values).transpose(1, 2)
+    # (D, B, H, L, *) as the mixers pass them: q, k, v read by both directions (stride 0), views of (B, L, H, *)
+    q, k = (torch.randn(batch, length, heads, keys).transpose(1, 2).expand(2, -1, -1, -1, -1) for _ in range(2))
+    v = torch.randn(batch, length, heads, values).transpose(1, 2).expand(2, -1, -1, -1, -1)
+    g = torch.randn(2, batch, length, heads, keys).transpose(2, 3)
     _assert_fake_matches(torch.ops.mixerbench.gla_recurrent_cpp.default, q, k, v, g, 0.5, 16)
-    do = torch.randn(batch, heads, length, values)
+    do = torch.randn(2, batch, heads, length, values)
     _assert_fake_matches(torch.ops.mixerbench.gla_recurrent_cpp_bwd.default, do, q, k, v, g, 0.5)
-    x, a = torch.randn(batch, length, heads, values), -torch.rand(batch, length, heads)
-    b, c = torch.randn(batch, length, 2 * keys).split(keys, dim=-1)  # views of one projection
+    x, a = torch.randn(2, batch, length, heads, values), -torch.rand(2, batch, length, heads)
+    b, c = torch.randn(batch, length, 2, 2 * keys).movedim(2, 0).split(keys, dim=-1)  # views of one projection
     _assert_fake_matches(torch.ops.mixerbench.ssd_recurrent_cpp.default, x, a, b, c, 32)
     _assert_fake_matches(torch.ops.mixerbench.ssd_recurrent_cpp_bwd.default, torch.randn_like(x), x, a, b, c)

@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from mixers import create_mixer
 from mixers.ops.gated_recurrence import unavailable_reason
-from mixers.ops.gla import chunk_gla_macs, gla_recurrent_cpp, naive_recurrent_gla
-from mixers.ops.ssd import chunk_ssd_macs, naive_ssd, ssd_recurrent_cpp
+from mixers.ops.gla import chunk_gla_macs, gla_both_ways_cpp, gla_recurrent_cpp, naive_recurrent_gla
+from mixers.ops.ssd import chunk_ssd_macs, naive_ssd, ssd_both_ways_cpp, ssd_recurrent_cpp
 
 pytestmark = pytest.mark.skipif(unavailable_reason(torch.device("cpu")) is not None,
                                 reason=f"the compiled recurrence is unavailable: "
@@ -103,13 +103,40 @@ def test_float32_and_half_inputs_are_computed_in_float32() -> None:
         assert out16.dtype == torch.bfloat16 and torch.isfinite(out16.float()).all()
 
 
+@pytest.mark.parametrize("batch,heads,length,keys,values", [(2, 3, 37, 5, 7), (1, 2, 1, 16, 32), (3, 2, 19, 9, 17)])
+def test_gla_both_ways_is_the_causal_plus_the_flipped_causal(batch: int, heads: int, length: int, keys: int,
+                                                              values: int) -> None:
+    """The backward direction runs from the last step inside the loop: equal to the causal GLA of the flipped
+    sequence with its own gates, flipped back, forward and every gradient (the shared q, k, v's summed)."""
+    q, k, v, g = gla_inputs(batch, heads, length, keys, values)
+    g_back = (F.logsigmoid(torch.randn_like(g)) / 4).detach().requires_grad_()
+    flip = lambda t: t.flip(2)  # noqa: E731
+    expected = naive_recurrent_gla(q, k, v, g) + flip(naive_recurrent_gla(flip(q), flip(k), flip(v), flip(g_back)))
+    assert_same_with_gradients(gla_both_ways_cpp(q, k, v, g, g_back), expected, [q, k, v, g, g_back])
+
+
+def test_ssd_both_ways_runs_direction_one_from_the_end() -> None:
+    forward, backward = ssd_inputs(2, 23, 3, 4, 5), ssd_inputs(2, 23, 3, 4, 5)
+    stacked = [torch.stack(pair).detach().requires_grad_() for pair in zip(forward, backward)]
+    out = ssd_both_ways_cpp(*stacked)
+    expected = torch.stack([naive_ssd(*(t[0] for t in stacked)),
+                            naive_ssd(*(t[1].flip(1) for t in stacked)).flip(1)])
+    assert_same_with_gradients(out, expected, stacked)
+
+
 def test_gradcheck_and_opcheck() -> None:
     gla = gla_inputs(2, 2, 6, 3, 4)
     ssd = ssd_inputs(2, 6, 2, 3, 2)
     assert torch.autograd.gradcheck(lambda *t: gla_recurrent_cpp(*t), gla)
     assert torch.autograd.gradcheck(lambda *t: ssd_recurrent_cpp(*t), ssd)
-    torch.library.opcheck(torch.ops.mixerbench.gla_recurrent_cpp.default, (*gla, 0.5, 16))
-    torch.library.opcheck(torch.ops.mixerbench.ssd_recurrent_cpp.default, (*ssd, 32))
+    g_back = gla_inputs(2, 2, 6, 3, 4)[3]
+    assert torch.autograd.gradcheck(lambda *t: gla_both_ways_cpp(*t), (*gla, g_back))
+    # The ops themselves take a leading direction axis; q, k, v shared by two directions as the mixer passes them.
+    shared = [t.detach().unsqueeze(0).expand(2, *t.shape) for t in gla[:3]]
+    gates = torch.stack([gla[3].detach(), g_back.detach()])
+    torch.library.opcheck(torch.ops.mixerbench.gla_recurrent_cpp.default, (*shared, gates, 0.5, 16))
+    both = [torch.stack([t.detach(), t.detach().flip(1)]) for t in ssd]
+    torch.library.opcheck(torch.ops.mixerbench.ssd_recurrent_cpp.default, (*both, 32))
 
 
 def test_counters_charge_the_chunked_forms_macs() -> None:

@@ -12,7 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from mixers import create_mixer
 from mixers.mamba2 import HydraMixer
 from mixers.ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
-from mixers.ops.ssd import chunk_ssd, decay_matrix, hydra_matrix, naive_ssd, segsum, ssd_matrix, ssd_recurrent_cpp
+from mixers.ops.ssd import (chunk_ssd, decay_matrix, hydra_matrix, naive_ssd, segsum, ssd_both_ways_cpp,
+                             ssd_matrix)
 
 DIM, HEADS = 16, 2
 
@@ -222,7 +223,7 @@ def test_runs_under_autocast_with_the_ssd_in_float32(monkeypatch: pytest.MonkeyP
         return record
 
     monkeypatch.setattr(mixers.mamba2, "chunk_ssd", recording(chunk_ssd))
-    monkeypatch.setattr(mixers.mamba2, "ssd_recurrent_cpp", recording(ssd_recurrent_cpp))
+    monkeypatch.setattr(mixers.mamba2, "ssd_both_ways_cpp", recording(ssd_both_ways_cpp))
     mixer = create_mixer("mamba2", DIM, HEADS, impl=impl)
     x = torch.randn(1, 64, DIM)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -4,9 +4,11 @@
 
 GLA's recurrence (one log decay per key, `mixers/ops/gla/cpp_gla.py`) and SSD's (one per head, with B and C shared
 by the heads, `mixers/ops/ssd/cpp_ssd.py`) are both this one; those files hold the ops, their counters and their
-autograd, this one the library and the calls. Every tensor is passed as a (batch, head, time, last) view with its
-last dimension adjacent: a head stride of 0 shares a tensor among the heads, a gate of width 1 one decay among the
-keys, so neither is copied per head.
+autograd, this one the library and the calls. Every tensor is passed as a (direction, batch, head, time, last) view
+with its last dimension adjacent. Direction 1, where there is one, runs from the sequence's last step to its first
+and writes its outputs in the sequence's order: a bidirectional mixer's two directions are one call on unflipped
+tensors. A stride of 0 shares a tensor among the directions or the heads, a gate of width 1 is one decay for all
+keys, so none is copied.
 
 Built on first use (`mixers/ops/cpu_kernels.py`); where it cannot be built `unavailable_reason` says why and the
 mixers run their chunked PyTorch forms.
@@ -24,7 +26,7 @@ from .. import cpu_kernels
 
 SOURCE = Path(__file__).with_name("cpp_recurrence.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
-ABI_VERSION = 1
+ABI_VERSION = 2
 _CTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 
@@ -63,10 +65,10 @@ def _call_args(q: Tensor, k: Tensor, v: Tensor, g: Tensor, o: Tensor, grads: tup
     """Sizes, the strides array and the pointers of q, k, v, g, as the entry points take them. The strides array has
     a slot per tensor of the kernel's `Slot` (q, k, v, g, o, do, dq, dk, dv, dg); `grads` fills the last five (the
     backward's), the forward's leaves them o's."""
-    batch, heads, length, keys = q.shape
+    directions, batch, heads, length, keys = q.shape
     views = (q, k, v, g, o, *(grads or (o,) * 5))
-    strides = (ctypes.c_int64 * (3 * len(views)))(*(s for t in views for s in t.stride()[:3]))
-    sizes = (batch, heads, length, keys, v.shape[-1], g.shape[-1])
+    strides = (ctypes.c_int64 * (4 * len(views)))(*(s for t in views for s in t.stride()[:4]))
+    sizes = (directions, batch, heads, length, keys, v.shape[-1], g.shape[-1])
     return (*(ctypes.c_int64(s) for s in sizes), strides, *(ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, g)))
 
 
@@ -85,12 +87,13 @@ def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale:
     """Writes the recurrence's outputs o into `out`.
 
     Args:
-        out: (B, H, L, V), written.
-        q, k: (B, H, L, K).
-        v: (B, H, L, V).
-        g: log decays (B, H, L, K) or (B, H, L, 1), <= 0 for a decaying state.
+        out: (D, B, H, L, V), written.
+        q, k: (D, B, H, L, K).
+        v: (D, B, H, L, V).
+        g: log decays (D, B, H, L, K) or (D, B, H, L, 1), <= 0 for a decaying state.
         scale: multiplies q.
-        All in one of float32 and float64, on the CPU, each with its last dimension adjacent.
+        D is 1 (causal) or 2 (causal, then anti-causal); all in one of float32 and float64, on the CPU, each with
+        its last dimension adjacent.
     """
     getattr(_lib(), f"mixerbench_gated_recurrence_fwd_{_CTYPE[q.dtype]}")(
         *_call_args(q, k, v, g, out), ctypes.c_double(scale), ctypes.c_void_p(out.data_ptr()), _threads())
@@ -99,7 +102,7 @@ def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale:
 def backward_into(dq: Tensor, dk: Tensor, dv: Tensor, dg: Tensor, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
                   g: Tensor, scale: float) -> None:
     """Writes the gradients of q, k, v and g given the outputs' `dout`; each gradient shaped as its input but with a
-    row per (sequence, head) even where the input is shared among the heads (the caller sums those)."""
+    row per (direction, sequence, head) even where the input is shared (the caller sums those)."""
     pointers = (ctypes.c_void_p(t.data_ptr()) for t in (dout, dq, dk, dv, dg))
     getattr(_lib(), f"mixerbench_gated_recurrence_bwd_{_CTYPE[q.dtype]}")(
         *_call_args(q, k, v, g, dout, (dout, dq, dk, dv, dg)), ctypes.c_double(scale), *pointers, _threads())

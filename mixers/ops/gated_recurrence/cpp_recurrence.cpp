@@ -8,11 +8,13 @@
 // form ran tens of small ops per layer and at the micro preset those ops' fixed cost, not their arithmetic, was most
 // of the mixer's time.
 //
-// Plain C++ on raw pointers, built and loaded by mixers/ops/cpu_kernels.py. Every tensor is (batch, head, time,
-// last) at any batch, head and time strides (`Strides`, one triple per tensor) with its last dimension adjacent; a
-// head stride of 0 shares one tensor among the heads (SSD's B and C), a gate of width 1 one decay among the keys
-// (SSD's scalar per head). The gradient outputs are written per row, so a shared tensor's gradient comes out per
-// head, for the caller to sum.
+// Plain C++ on raw pointers, built and loaded by mixers/ops/cpu_kernels.py. Every tensor is (direction, batch,
+// head, time, last) at any strides but the last dimension's (`Strides`, one quadruple per tensor), which is 1. A
+// row is one (direction, sequence, head); direction 1 runs the recurrence from the last step to the first (the
+// backward direction of a bidirectional mixer) and writes its outputs in the sequence's own order, so neither the
+// inputs nor the outputs are flipped. A stride of 0 shares a tensor: among the directions (GLA's q, k, v), among
+// the heads (SSD's B and C); a gate of width 1 is one decay for all keys (SSD's scalar per head). The gradients are
+// written per row, so a shared tensor's gradient comes out per direction or head, for the caller to sum.
 //
 // Backward (fla's recipe, without storing a state): a forward sweep recomputes S_t for dq_t = scale S_t do_t; a
 // reverse sweep carries dS_t = scale q_t do_t^T + diag(exp(g_{t+1})) dS_{t+1} for dk_t = dS_t v_t and
@@ -27,22 +29,33 @@
 
 namespace {
 
-// Strides of a tensor in elements: (batch, head, time); the last dimension's is 1.
+// Strides of a tensor in elements: (direction, batch, head, time); the last dimension's is 1.
 struct Strides {
-  int64_t b, h, t;
+  int64_t d, b, h, t;
 };
-static_assert(sizeof(Strides) == 3 * sizeof(int64_t), "the entry points pass strides as int64 triples");
+static_assert(sizeof(Strides) == 4 * sizeof(int64_t), "the entry points pass strides as int64 quadruples");
 // The tensors' places in the strides array the entry points take.
 enum Slot : int { kQ, kK, kV, kG, kO, kDo, kDq, kDk, kDv, kDg, kSlots };
 
 struct Shape {
-  int64_t batch, heads, length, keys, values, gate_width;  // gate_width: keys, or 1 (one decay per head)
+  int64_t directions, batch, heads, length, keys, values, gate_width;  // gate_width: keys, or 1 (one per head)
+  int64_t rows() const { return directions * batch * heads; }
 };
 
-// Pointers of one row (sequence b, head h) into a tensor.
+// One row of a tensor walked in its direction's order: step t of the walk at base + t * step.
 template <class P>
-inline P row_of(P base, const Strides& s, int64_t row, int64_t heads) {
-  return base + (row / heads) * s.b + (row % heads) * s.h;
+struct Walk {
+  P base;
+  int64_t step;
+  P at(int64_t t) const { return base + t * step; }
+};
+
+template <class P>
+inline Walk<P> walk(P data, const Strides& st, const Shape& s, int64_t row) {
+  const int64_t per_direction = s.batch * s.heads, direction = row / per_direction, rest = row % per_direction;
+  P base = data + direction * st.d + (rest / s.heads) * st.b + (rest % s.heads) * st.h;
+  if (direction == 0) return {base, st.t};
+  return {base + (s.length - 1) * st.t, -st.t};  // from the last step back
 }
 
 // The step's decays exp(g_t), one per key (a gate of width 1 repeated).
@@ -141,20 +154,18 @@ template <class T>
 void forward(const Shape& s, const Strides* st, const T* q, const T* k, const T* v, const T* g, T scale, T* o,
              int threads) {
   const int64_t K = s.keys, V = s.values;
-  parallel_items(s.batch * s.heads, threads, [&](int64_t row, int) {
-    const T* qr = row_of(q, st[kQ], row, s.heads);
-    const T* kr = row_of(k, st[kK], row, s.heads);
-    const T* vr = row_of(v, st[kV], row, s.heads);
-    const T* gr = row_of(g, st[kG], row, s.heads);
-    T* orow = row_of(o, st[kO], row, s.heads);
+  parallel_items(s.rows(), threads, [&](int64_t row, int) {
+    const auto qr = walk(q, st[kQ], s, row), kr = walk(k, st[kK], s, row), vr = walk(v, st[kV], s, row),
+               gr = walk(g, st[kG], s, row);
+    const auto orow = walk(o, st[kO], s, row);
     std::vector<T> state(K * V, T(0)), a(K), w(K);
     for (int64_t t = 0; t < s.length; ++t) {
-      const T* qt = qr + t * st[kQ].t;
-      decays(s, gr + t * st[kG].t, a.data());
+      const T* qt = qr.at(t);
+      decays(s, gr.at(t), a.data());
       for (int64_t j = 0; j < K; ++j) w[j] = scale * qt[j];
-      T* ot = orow + t * st[kO].t;
+      T* ot = orow.at(t);
       for (int64_t j = 0; j < V; ++j) ot[j] = T(0);
-      update_rows(K, V, a.data(), kr + t * st[kK].t, vr + t * st[kV].t, w.data(), state.data(), ot);
+      update_rows(K, V, a.data(), kr.at(t), vr.at(t), w.data(), state.data(), ot);
     }
   });
 }
@@ -163,24 +174,18 @@ template <class T>
 void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T* v, const T* g, T scale,
               const T* dout, T* dq, T* dk, T* dv, T* dg, int threads) {
   const int64_t K = s.keys, V = s.values;
-  parallel_items(s.batch * s.heads, threads, [&](int64_t row, int) {
-    const T* qr = row_of(q, st[kQ], row, s.heads);
-    const T* kr = row_of(k, st[kK], row, s.heads);
-    const T* vr = row_of(v, st[kV], row, s.heads);
-    const T* gr = row_of(g, st[kG], row, s.heads);
-    const T* dor = row_of(dout, st[kDo], row, s.heads);
-    T* dqr = row_of(dq, st[kDq], row, s.heads);
-    T* dkr = row_of(dk, st[kDk], row, s.heads);
-    T* dvr = row_of(dv, st[kDv], row, s.heads);
-    T* dgr = row_of(dg, st[kDg], row, s.heads);
+  parallel_items(s.rows(), threads, [&](int64_t row, int) {
+    const auto qr = walk(q, st[kQ], s, row), kr = walk(k, st[kK], s, row), vr = walk(v, st[kV], s, row),
+               gr = walk(g, st[kG], s, row), dor = walk(dout, st[kDo], s, row);
+    const auto dqr = walk(dq, st[kDq], s, row), dkr = walk(dk, st[kDk], s, row), dvr = walk(dv, st[kDv], s, row),
+               dgr = walk(dg, st[kDg], s, row);
     std::vector<T> state(K * V, T(0)), a(K), w(K);
     // Forward sweep: the states again (transposed), read against do for dq; the readout itself is not needed.
     for (int64_t t = 0; t < s.length; ++t) {
-      decays(s, gr + t * st[kG].t, a.data());
-      T* dqt = dqr + t * st[kDq].t;
+      decays(s, gr.at(t), a.data());
+      T* dqt = dqr.at(t);
       for (int64_t j = 0; j < K; ++j) w[j] = T(0);
-      update_columns(K, V, a.data(), kr + t * st[kK].t, vr + t * st[kV].t, dor + t * st[kDo].t, state.data(),
-                     w.data());
+      update_columns(K, V, a.data(), kr.at(t), vr.at(t), dor.at(t), state.data(), w.data());
 #pragma omp simd
       for (int64_t j = 0; j < K; ++j) dqt[j] = scale * w[j];
     }
@@ -189,18 +194,14 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
     for (int64_t j = 0; j < K; ++j) a[j] = T(0);  // no step after the last
     std::vector<double> running(s.gate_width, 0.0);
     for (int64_t t = s.length - 1; t >= 0; --t) {
-      const T* qt = qr + t * st[kQ].t;
-      const T* kt = kr + t * st[kK].t;
-      const T* vt = vr + t * st[kV].t;
-      const T* dot_ = dor + t * st[kDo].t;
+      const T *qt = qr.at(t), *kt = kr.at(t), *vt = vr.at(t), *dot_ = dor.at(t);
       for (int64_t j = 0; j < K; ++j) w[j] = scale * qt[j];
-      T* dvt = dvr + t * st[kDv].t;
+      T* dvt = dvr.at(t);
       for (int64_t j = 0; j < V; ++j) dvt[j] = T(0);
       // dS <- a_{t+1} dS + (scale q_t) do_t^T, and dv_t = dS^T k_t: update_rows with the roles of k and q swapped.
       update_rows(K, V, a.data(), w.data(), dot_, kt, state.data(), dvt);
-      const T* dqt = dqr + t * st[kDq].t;
-      T* dkt = dkr + t * st[kDk].t;
-      T* dgt = dgr + t * st[kDg].t;
+      const T* dqt = dqr.at(t);
+      T *dkt = dkr.at(t), *dgt = dgr.at(t);
       for (int64_t j = 0; j < K; ++j) dkt[j] = dot(state.data() + j * V, vt, V);
       if (s.gate_width == 1) {
         double step = 0.0;
@@ -216,7 +217,7 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
           dgt[j] = T(sum[j]);
         }
       }
-      decays(s, gr + t * st[kG].t, a.data());
+      decays(s, gr.at(t), a.data());
     }
   });
 }
@@ -225,23 +226,26 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
 
 extern "C" {
 
-int mixerbench_gated_recurrence_abi_version() { return 1; }
+int mixerbench_gated_recurrence_abi_version() { return 2; }
 
-// strides: kSlots triples (batch, head, time) in Slot order; the forward reads the first five (q, k, v, g, o).
-#define MIXERBENCH_GATED_RECURRENCE_ENTRY(T, suffix)                                                            \
-  void mixerbench_gated_recurrence_fwd_##suffix(int64_t batch, int64_t heads, int64_t length, int64_t keys,     \
-                                                int64_t values, int64_t gate_width, const int64_t* strides,     \
-                                                const T* q, const T* k, const T* v, const T* g, double scale,   \
-                                                T* o, int threads) {                                            \
-    forward<T>(Shape{batch, heads, length, keys, values, gate_width}, reinterpret_cast<const Strides*>(strides), \
-               q, k, v, g, T(scale), o, threads);                                                               \
-  }                                                                                                             \
-  void mixerbench_gated_recurrence_bwd_##suffix(int64_t batch, int64_t heads, int64_t length, int64_t keys,     \
-                                                int64_t values, int64_t gate_width, const int64_t* strides,     \
-                                                const T* q, const T* k, const T* v, const T* g, double scale,   \
-                                                const T* dout, T* dq, T* dk, T* dv, T* dg, int threads) {       \
-    backward<T>(Shape{batch, heads, length, keys, values, gate_width},                                          \
-                reinterpret_cast<const Strides*>(strides), q, k, v, g, T(scale), dout, dq, dk, dv, dg, threads); \
+// strides: kSlots quadruples (direction, batch, head, time) in Slot order; the forward reads the first five
+// (q, k, v, g, o).
+#define MIXERBENCH_GATED_RECURRENCE_ENTRY(T, suffix)                                                             \
+  void mixerbench_gated_recurrence_fwd_##suffix(int64_t directions, int64_t batch, int64_t heads, int64_t length, \
+                                                int64_t keys, int64_t values, int64_t gate_width,                \
+                                                const int64_t* strides, const T* q, const T* k, const T* v,      \
+                                                const T* g, double scale, T* o, int threads) {                   \
+    const Shape shape{directions, batch, heads, length, keys, values, gate_width};                              \
+    forward<T>(shape, reinterpret_cast<const Strides*>(strides), q, k, v, g, T(scale), o, threads);              \
+  }                                                                                                              \
+  void mixerbench_gated_recurrence_bwd_##suffix(int64_t directions, int64_t batch, int64_t heads, int64_t length, \
+                                                int64_t keys, int64_t values, int64_t gate_width,                \
+                                                const int64_t* strides, const T* q, const T* k, const T* v,      \
+                                                const T* g, double scale, const T* dout, T* dq, T* dk, T* dv,    \
+                                                T* dg, int threads) {                                            \
+    const Shape shape{directions, batch, heads, length, keys, values, gate_width};                              \
+    backward<T>(shape, reinterpret_cast<const Strides*>(strides), q, k, v, g, T(scale), dout, dq, dk, dv, dg,    \
+                threads);                                                                                        \
   }
 
 MIXERBENCH_GATED_RECURRENCE_ENTRY(float, f32)

@@ -1,11 +1,13 @@
 """The custom op `mixerbench::gla_recurrent_cpp` (`cpp_loop`): GLA's recurrence step by step in the compiled loop of
 `mixers/ops/gated_recurrence`, forward and backward, on the CPU.
 
-Arguments and result as `chunk_gla`, whose products it replaces: where the chunked form runs tens of PyTorch ops
-per call (each a dispatch and a pass over memory, most of the mixer's time at the micro preset), this runs one
-loop per (sequence, head) with the K x V state in a small buffer. `chunk_size` is not used by the loop: the
-counters charge the chunked form's MACs (`chunk_gla_macs`) at that chunk size, so a mixer's MACs are one number
-whichever implementation runs, as the meta device's count and fla's GPU kernels see them.
+`gla_recurrent_cpp` takes `chunk_gla`'s arguments and gives its result: where the chunked form runs tens of PyTorch
+ops per call (each a dispatch and a pass over memory, most of the mixer's time at the micro preset), this runs one
+loop per (sequence, head) with the K x V state in a small buffer. `gla_both_ways_cpp` runs the causal pass and the
+anti-causal one (a bidirectional mixer's two directions, each with its own gates) in one call on the unflipped
+tensors and sums them. `chunk_size` is not used by the loop: the counters charge the chunked form's MACs
+(`chunk_gla_macs`) at that chunk size, so a mixer's MACs are one number whichever implementation runs, as the meta
+device's count and fla's GPU kernels see them.
 """
 from __future__ import annotations
 
@@ -24,27 +26,44 @@ def gla_recurrent_cpp(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float |
     if chunk_size < 1:
         raise ValueError(f"gla_recurrent_cpp: chunk_size must be >= 1, got {chunk_size}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return torch.ops.mixerbench.gla_recurrent_cpp(q, k, v, g, float(scale), chunk_size).to(q.dtype)
+    one_way = (t.unsqueeze(0) for t in (q, k, v, g))  # (1, B, H, L, *): one direction
+    return torch.ops.mixerbench.gla_recurrent_cpp(*one_way, float(scale), chunk_size)[0].to(q.dtype)
 
 
+def gla_both_ways_cpp(q: Tensor, k: Tensor, v: Tensor, g_forward: Tensor, g_backward: Tensor,
+                      scale: float | None = None, chunk_size: int = 16) -> Tensor:
+    """The causal GLA with gates `g_forward` plus the anti-causal one (the sequence read from its last step to its
+    first) with gates `g_backward`, (B, H, L, V); arguments otherwise as `gla_recurrent_cpp`. Equal to
+    `chunk_gla(q, k, v, g_forward) + chunk_gla(*flipped(q, k, v, g_backward)).flip(2)`, with nothing flipped."""
+    if chunk_size < 1:
+        raise ValueError(f"gla_both_ways_cpp: chunk_size must be >= 1, got {chunk_size}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    shared = (t.unsqueeze(0).expand(2, *t.shape) for t in (q, k, v))  # one tensor read by both directions
+    out = torch.ops.mixerbench.gla_recurrent_cpp(*shared, torch.stack([g_forward, g_backward]), float(scale),
+                                                 chunk_size)
+    return (out[0] + out[1]).to(q.dtype)
+
+
+# The ops take (D, B, H, L, *) tensors: D = 1 is the causal GLA, D = 2 adds the anti-causal one as direction 1.
 @torch.library.custom_op("mixerbench::gla_recurrent_cpp", mutates_args=())
 def _gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, chunk_size: int) -> Tensor:
     compute = compute_dtype(q)
     q, k, v, g = (last_adjacent(t, compute) for t in (q, k, v, g))
-    out = q.new_empty(*q.shape[:3], v.shape[-1])  # (B, H, L, V)
+    out = q.new_empty(*q.shape[:4], v.shape[-1])  # (D, B, H, L, V)
     forward_into(out, q, k, v, g, scale)
     return out
 
 
 @_gla.register_fake
 def _gla_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, chunk_size: int) -> Tensor:
-    return q.new_empty(*q.shape[:3], v.shape[-1], dtype=compute_dtype(q))
+    return q.new_empty(*q.shape[:4], v.shape[-1], dtype=compute_dtype(q))
 
 
 @torch.library.custom_op("mixerbench::gla_recurrent_cpp_bwd", mutates_args=())
 def _gla_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dg) in the compute dtype, contiguous, shaped as q, k, v, g."""
+    """(dq, dk, dv, dg) in the compute dtype, contiguous, shaped as q, k, v, g (an input shared by the directions,
+    stride 0, gets a gradient per direction: autograd's expand sums them)."""
     compute = compute_dtype(q)
     dout, q, k, v, g = (last_adjacent(t, compute) for t in (dout, q, k, v, g))
     grads = tuple(t.new_empty(t.shape) for t in (q, k, v, g))
@@ -76,5 +95,5 @@ _gla.register_autograd(_backward, setup_context=_setup_context)
 @register_flop_formula(torch.ops.mixerbench.gla_recurrent_cpp)
 def _gla_flops(q_shape: list[int], k_shape: list[int], v_shape: list[int], g_shape: list[int], scale: float,
                chunk_size: int, **kwargs) -> int:
-    batch, heads, length, key_dim = q_shape
-    return 2 * batch * chunk_gla_macs(heads, length, key_dim, v_shape[-1], chunk_size)
+    directions, batch, heads, length, key_dim = q_shape
+    return 2 * directions * batch * chunk_gla_macs(heads, length, key_dim, v_shape[-1], chunk_size)
