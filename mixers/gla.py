@@ -23,17 +23,17 @@ class BiGLA(TokenMixer):
     Shared `q_proj`, `k_proj` (to `expand_k * dim`), `v_proj`, output gate `g_proj` and `o_proj`, as fla's
     `GatedLinearAttention`; each direction has its own forget gate `gk_proj[0]` (forward) / `gk_proj[1]` (backward),
     a rank-`gate_low_rank_dim` projection to `logsigmoid(.) / gate_logit_normalizer`, ViG's direction-wise gating.
-    The backward direction runs the causal GLA on the reversed sequence, in the same call as the forward one (stacked
-    on the batch for the chunked forms, as a second direction of the compiled loop). Both outputs include the token itself (the diagonal of each causal
-    map), so it counts twice in the sum; then a per-head RMSNorm times swish(g), `o_proj`.
-    ViG's 2D locality-injection conv is not part of this mixer. The recurrences run in float32 through one of three
-    implementations, recorded in `impl`: `chunk_torch` (`chunk_gla`, plain PyTorch, any device: the reference and
-    the fallback), `cpp_loop` (`gla_both_ways_cpp`: both directions as one compiled loop on the CPU, forward and
-    backward, the backward direction walked from the sequence's end so nothing is flipped; where a C++ compiler
-    is found) or `fla_chunk` (fla's chunked Triton kernels, on CUDA where
+    The backward direction runs the causal GLA on the reversed sequence, in the same call as the forward one
+    (stacked on the batch for the chunked forms, a second direction of the compiled loop). Both outputs include the
+    token itself (the diagonal of each causal map), so it counts twice in the sum; then a per-head RMSNorm times
+    swish(g), `o_proj`. ViG's 2D locality-injection conv is not part of this mixer. The recurrences run in float32
+    through one of three implementations, recorded in `impl`: `chunk_torch` (`chunk_gla`, plain PyTorch, any
+    device: the reference and the fallback), `cpp_loop` (`gla_both_ways_cpp`: both directions as one compiled loop
+    on the CPU, forward and backward, the backward direction walked from the sequence's end so nothing is flipped;
+    where a C++ compiler is found) or `fla_chunk` (fla's chunked Triton kernels, on CUDA where
     `flash-linear-attention` imports, `pip install -e ".[fla]"`; q, k, v stay in the autocast dtype there, the
-    gates float32). The PyTorch form runs a Python loop over the chunks (L / chunk_size steps, a few kernels
-    each); the others a few kernels in all. MACs are the chunked form's at `chunk_size` whichever runs. While
+    gates float32). The PyTorch form runs a Python loop over the chunks (L / chunk_size steps, a few kernels each);
+    the others a few kernels in all. MACs are the chunked form's at `chunk_size` whichever runs. While
     `torch.jit.trace` runs (fvcore's count), `chunk_torch` stands in, since fvcore sees no products inside fla's
     autograd Function or the compiled loop.
 

@@ -29,10 +29,10 @@ class HydraMixer(TokenMixer):
     triangle is the forward SSD shifted by one token, the strictly upper the backward SSD shifted likewise, and the
     diagonal a separate, input-dependent weight per head (`fc_D(x) + D`). A sum of two causal scans (Vim, ViG)
     counts each token's own contribution twice through two coupled terms; Hydra's diagonal is free. It costs what
-    Vim's pair costs: both directions come out of the one `in_proj` and the one conv, and run as one SSD call
-    (the compiled loop walks the backward one from the end; the chunked form takes the flipped sequence stacked
-    onto the batch). With `mamba` on Vim's recipe the suite has both recipes; a
-    mamba2-vs-mamba difference is SSD with Hydra against Mamba-1 with Vim, not the SSM alone.
+    Vim's pair costs: both directions come out of the one `in_proj` and the one conv, and run as one SSD call (the
+    compiled loop walks the backward one from the end; the chunked form takes the flipped sequence stacked onto the
+    batch). With `mamba` on Vim's recipe the suite has both recipes; a mamba2-vs-mamba difference is SSD with
+    Hydra against Mamba-1 with Vim, not the SSM alone.
 
     Layout (Hydra's `Hydra` module, on Mamba-2's `Mamba2Simple`): `in_proj` gives the gate z, x, B and C for each
     direction, and dt for each direction; a depthwise conv of odd width, centred (non-causal, as Hydra), with silu,
@@ -44,9 +44,9 @@ class HydraMixer(TokenMixer):
     with autocast off, through one of two implementations, recorded in `impl`: `chunk_torch` (`chunk_ssd`, plain
     PyTorch, any device: the reference and the fallback) or `cpp_loop` (`ssd_both_ways_cpp`: both directions as one
     compiled loop on the CPU, forward and backward, the backward one walked from the sequence's end so nothing is
-    flipped; where a C++ compiler is found). MACs are the chunked form's at
-    `chunk_size` whichever runs; while `torch.jit.trace` runs (fvcore's count) `chunk_torch` stands in, since
-    fvcore sees no products inside the compiled loop.
+    flipped; where a C++ compiler is found). MACs are the chunked form's at `chunk_size` whichever runs; while
+    `torch.jit.trace` runs (fvcore's count) `chunk_torch` stands in, since fvcore sees no products inside the
+    compiled loop.
 
     Parameters: with expand 1 and d_state = dim / 4 (the defaults), the in/out projections hold 4 dim^2 + 2 dim H
     against attention's 4 dim^2 + 4 dim, plus the conv, fc_D and norm: tests/test_mamba2.py pins the counts

@@ -93,3 +93,15 @@ def build(what: str, stem: str, source: Path, abi_version: int, abi_symbol: str,
     for entry in entry_points:
         getattr(lib, entry).restype = None
     return lib
+
+
+def threads() -> ctypes.c_int:
+    """The thread count a kernel call is given: torch's own (`torch.get_num_threads()`), at least one."""
+    return ctypes.c_int(max(1, torch.get_num_threads()))
+
+
+def loaded(lib: ctypes.CDLL | str) -> ctypes.CDLL:
+    """`lib` where `build` gave a library, else a RuntimeError with the reason it gave."""
+    if isinstance(lib, str):
+        raise RuntimeError(lib)
+    return lib

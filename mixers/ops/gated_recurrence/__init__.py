@@ -72,17 +72,6 @@ def _call_args(q: Tensor, k: Tensor, v: Tensor, g: Tensor, o: Tensor, grads: tup
     return (*(ctypes.c_int64(s) for s in sizes), strides, *(ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, g)))
 
 
-def _threads() -> ctypes.c_int:
-    return ctypes.c_int(max(1, torch.get_num_threads()))
-
-
-def _lib() -> ctypes.CDLL:
-    lib = _library()
-    if isinstance(lib, str):
-        raise RuntimeError(lib)
-    return lib
-
-
 def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float) -> None:
     """Writes the recurrence's outputs o into `out`.
 
@@ -95,8 +84,8 @@ def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale:
         D is 1 (causal) or 2 (causal, then anti-causal); all in one of float32 and float64, on the CPU, each with
         its last dimension adjacent.
     """
-    getattr(_lib(), f"mixerbench_gated_recurrence_fwd_{_CTYPE[q.dtype]}")(
-        *_call_args(q, k, v, g, out), ctypes.c_double(scale), ctypes.c_void_p(out.data_ptr()), _threads())
+    getattr(cpu_kernels.loaded(_library()), f"mixerbench_gated_recurrence_fwd_{_CTYPE[q.dtype]}")(
+        *_call_args(q, k, v, g, out), ctypes.c_double(scale), ctypes.c_void_p(out.data_ptr()), cpu_kernels.threads())
 
 
 def backward_into(dq: Tensor, dk: Tensor, dv: Tensor, dg: Tensor, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
@@ -104,5 +93,5 @@ def backward_into(dq: Tensor, dk: Tensor, dv: Tensor, dg: Tensor, dout: Tensor, 
     """Writes the gradients of q, k, v and g given the outputs' `dout`; each gradient shaped as its input but with a
     row per (direction, sequence, head) even where the input is shared (the caller sums those)."""
     pointers = (ctypes.c_void_p(t.data_ptr()) for t in (dout, dq, dk, dv, dg))
-    getattr(_lib(), f"mixerbench_gated_recurrence_bwd_{_CTYPE[q.dtype]}")(
-        *_call_args(q, k, v, g, dout, (dout, dq, dk, dv, dg)), ctypes.c_double(scale), *pointers, _threads())
+    getattr(cpu_kernels.loaded(_library()), f"mixerbench_gated_recurrence_bwd_{_CTYPE[q.dtype]}")(
+        *_call_args(q, k, v, g, dout, (dout, dq, dk, dv, dg)), ctypes.c_double(scale), *pointers, cpu_kernels.threads())

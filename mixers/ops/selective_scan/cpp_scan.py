@@ -122,17 +122,6 @@ def _bc_strides(t: Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(3)
 
 
-def _threads() -> ctypes.c_int:
-    return ctypes.c_int(max(1, torch.get_num_threads()))
-
-
-def _lib() -> ctypes.CDLL:
-    lib = _library()
-    if isinstance(lib, str):
-        raise RuntimeError(lib)
-    return lib
-
-
 def _optional(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return None if t is None else t.to(dtype).contiguous()
 
@@ -162,9 +151,9 @@ def selective_scan_cpp(
         bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
         gate = None if z is None else z.to(p.dtype)  # any strides: the kernel reads them
         y = torch.empty_like(p.u)  # (B, D, L), u's layout
-        getattr(_lib(), f"mixerbench_scan_fwd_{p.suffix}")(
+        getattr(cpu_kernels.loaded(_library()), f"mixerbench_scan_fwd_{p.suffix}")(
             *p.args(z=gate, y=y), _ptr(bias), ctypes.c_int(int(delta_softplus)), _ptr(skip), _ptr(gate), _ptr(y),
-            ctypes.c_int(int(reverse)), _threads(),
+            ctypes.c_int(int(reverse)), cpu_kernels.threads(),
         )
         return y.to(u.dtype)
 
@@ -185,7 +174,7 @@ def _scan_backward(
     """
     p = _Inputs(u, delta, A, B, C, D, z, delta_bias)
     batch, channels, length, d_state, groups = p.shape
-    threads = _threads()
+    threads = cpu_kernels.threads()
     bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
     gate = None if z is None else z.to(p.dtype)  # any strides: the kernel reads them
     dy = dy.to(p.dtype)  # (B, D, L), any strides
@@ -197,7 +186,7 @@ def _scan_backward(
     dC_part = p.u.new_zeros(threads.value, batch, groups, length, d_state)  # per thread, (T, B, G, L, N)
     dD_part = p.u.new_zeros(threads.value, channels)  # per thread, (T, D)
     dbias_part = p.u.new_zeros(threads.value, channels)  # per thread, (T, D)
-    getattr(_lib(), f"mixerbench_scan_bwd_{p.suffix}")(
+    getattr(cpu_kernels.loaded(_library()), f"mixerbench_scan_bwd_{p.suffix}")(
         *p.args(z=gate, dy=dy, du=du, ddelta=d_delta, dz=dz if gate is not None else None), _ptr(bias),
         ctypes.c_int(int(delta_softplus)), _ptr(skip), _ptr(gate), _ptr(dy),
         _ptr(du), _ptr(d_delta), _ptr(dA_part), _ptr(dB_part), _ptr(dC_part), _ptr(dD_part), _ptr(dbias_part),

@@ -56,10 +56,6 @@ def _channels_adjacent(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _threads() -> ctypes.c_int:
-    return ctypes.c_int(max(1, torch.get_num_threads()))
-
-
 def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool = False,
          silu_grad_of: Tensor | None = None) -> Tensor:
     """The conv (token_conv's definition), contiguous (B, L, C); then silu where `silu`, or, given
@@ -70,9 +66,9 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool =
     grad = None if silu_grad_of is None else silu_grad_of.contiguous()
     activation = 2 if grad is not None else int(silu)  # the kernel's Activation
     out = x.new_empty(x.shape)
-    getattr(_library(), f"mixerbench_token_conv_fwd_{_CTYPE[x.dtype]}")(
+    getattr(cpu_kernels.loaded(_library()), f"mixerbench_token_conv_fwd_{_CTYPE[x.dtype]}")(
         *_leading(x, weight, left), _ptr(taps), _ptr(bias), ctypes.c_int(activation), _ptr(grad), _ptr(out),
-        _threads(),
+        cpu_kernels.threads(),
     )
     return out
 
@@ -80,9 +76,9 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool =
 def weight_grad(grad: Tensor, x: Tensor, weight: Tensor, left: int) -> Tensor:
     """The weight's gradient (C, 1, K) given the output's."""
     x, grad = _channels_adjacent(x), grad.contiguous()
-    threads = _threads()
+    threads = cpu_kernels.threads()
     part = x.new_zeros(threads.value, weight.shape[-1], x.shape[-1])  # per thread, (T, K, C)
-    getattr(_library(), f"mixerbench_token_conv_dweight_{_CTYPE[x.dtype]}")(
+    getattr(cpu_kernels.loaded(_library()), f"mixerbench_token_conv_dweight_{_CTYPE[x.dtype]}")(
         *_leading(x, weight, left), _ptr(grad), _ptr(part), threads
     )
     # Contiguous, as the op's fake promises: compiled training asserts the strides of a custom op's outputs, and
