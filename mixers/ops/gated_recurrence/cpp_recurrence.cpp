@@ -3,8 +3,8 @@
 //
 //     S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = scale * S_t^T q_t,    S_0 = 0      (S is K x V per row)
 //
-// A row is one (sequence, head). Its state stays in a small buffer while the loop walks the sequence, so a step
-// costs 2 K V multiply-adds and K exps, with no Python or dispatch per step or per chunk. In PyTorch the chunked
+// Each row (a sequence and head, in one direction) keeps its state in a small buffer while the loop walks the
+// sequence, so a step costs 2 K V multiply-adds and K exps, with no Python or dispatch per step or per chunk. In PyTorch the chunked
 // form ran tens of small ops per layer and at the micro preset those ops' fixed cost, not their arithmetic, was most
 // of the mixer's time.
 //
