@@ -202,5 +202,6 @@ def test_compiled_training_runs_the_ops_and_agrees_with_eager(name: str) -> None
     assert not [w for w in caught if "lru_cache" in str(w.message)]
     expected = mixer(x, (4, 4))
     (expected_grad,) = torch.autograd.grad(expected.square().sum(), x)
-    torch.testing.assert_close(out, expected)
-    torch.testing.assert_close(grad, expected_grad)
+    # Inductor's fused element-wise kernels (softplus, logsigmoid, the norms) round unlike eager's, by CPU kind too.
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
