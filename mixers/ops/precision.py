@@ -4,6 +4,13 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
+from torch import Tensor
+
+
+def compute_dtype(t: Tensor) -> torch.dtype:
+    """The dtype a recurrence accumulates in for inputs like `t`: float64 stays float64 (for tight tests), every
+    other (float32, the half types) accumulates in float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def autocast_off(device_type: str) -> AbstractContextManager:

@@ -49,11 +49,6 @@ def unavailable_reason(device: torch.device) -> str | None:
     return lib if isinstance(lib, str) else None
 
 
-def compute_dtype(t: Tensor) -> torch.dtype:
-    """float64 for float64 inputs, float32 for every other (half types are accumulated in float32)."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 def last_adjacent(t: Tensor, dtype: torch.dtype) -> Tensor:
     """t in `dtype` as it is where its last dimension is adjacent, else a copy that is. The caller holds the result
     while the kernel runs (a copy made inside a call's arguments would be freed before it)."""

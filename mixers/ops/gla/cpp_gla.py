@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..gated_recurrence import backward_into, compute_dtype, forward_into, last_adjacent
+from ..gated_recurrence import backward_into, forward_into, last_adjacent
+from ..precision import compute_dtype
 from .chunk import chunk_gla_macs
 
 

@@ -24,7 +24,8 @@ from einops import rearrange
 from torch import Tensor
 
 from .. import cpu_kernels
-from .naive import compute_dtype, grouped
+from ..precision import compute_dtype
+from .naive import grouped
 
 SOURCE = Path(__file__).with_name("cpp_scan.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
+from ..precision import compute_dtype
+
 
 def grouped(t: Tensor) -> Tensor:
     """B or C as (B, G, N, L): one group when given as (B, N, L).
@@ -22,11 +24,6 @@ def grouped(t: Tensor) -> Tensor:
     directions in one call so, each direction's channels reading its own B and C.
     """
     return t[:, None] if t.dim() == 3 else t  # (B, G, N, L)
-
-
-def compute_dtype(u: Tensor) -> torch.dtype:
-    """float64 stays float64 (for tight tests); everything else accumulates in float32."""
-    return torch.float64 if u.dtype == torch.float64 else torch.float32
 
 
 def selective_scan_reference(

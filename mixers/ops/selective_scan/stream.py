@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from .naive import compute_dtype, effective_delta
+from ..precision import compute_dtype
+from .naive import effective_delta
 
 # Elements of one (chunk, B, D, N) buffer; bounds the streaming path's memory (16 MiB in float32).
 _CHUNK_ELEMENTS = 1 << 22
