@@ -95,6 +95,13 @@ def build(what: str, stem: str, source: Path, abi_version: int, abi_symbol: str,
     return lib
 
 
+def last_adjacent(t: torch.Tensor) -> torch.Tensor:
+    """t as it is where its last dimension is adjacent (stride 1, or a size of 1), else a contiguous copy: the
+    kernels read any strides but the last dimension's. The caller holds the result while the kernel runs (a copy
+    made inside a call's arguments would be freed before it)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
 def threads() -> ctypes.c_int:
     """The thread count a kernel call is given: torch's own (`torch.get_num_threads()`), at least one."""
     return ctypes.c_int(max(1, torch.get_num_threads()))

@@ -49,13 +49,6 @@ def unavailable_reason(device: torch.device) -> str | None:
     return lib if isinstance(lib, str) else None
 
 
-def last_adjacent(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """t in `dtype` as it is where its last dimension is adjacent, else a copy that is. The caller holds the result
-    while the kernel runs (a copy made inside a call's arguments would be freed before it)."""
-    t = t.to(dtype)
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
-
-
 def _call_args(q: Tensor, k: Tensor, v: Tensor, g: Tensor, o: Tensor, grads: tuple[Tensor, ...] = ()) -> tuple:
     """Sizes, the strides array and the pointers of q, k, v, g, as the entry points take them. The strides array has
     a slot per tensor of the kernel's `Slot` (q, k, v, g, o, do, dq, dk, dv, dg); `grads` fills the last five (the
@@ -77,7 +70,7 @@ def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale:
         g: log decays (D, B, H, L, K) or (D, B, H, L, 1), <= 0 for a decaying state.
         scale: multiplies q.
         D is 1 (causal) or 2 (causal, then anti-causal); all in one of float32 and float64, on the CPU, each with
-        its last dimension adjacent.
+        its last dimension adjacent (`cpu_kernels.last_adjacent`).
     """
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_gated_recurrence_fwd_{_CTYPE[q.dtype]}")(
         *_call_args(q, k, v, g, out), ctypes.c_double(scale), ctypes.c_void_p(out.data_ptr()), cpu_kernels.threads())

@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..gated_recurrence import backward_into, forward_into, last_adjacent
+from .. import cpu_kernels
+from ..gated_recurrence import backward_into, forward_into
 from ..precision import compute_dtype
 from .chunk import chunk_gla_macs
 
@@ -49,7 +50,7 @@ def gla_both_ways_cpp(q: Tensor, k: Tensor, v: Tensor, g_forward: Tensor, g_back
 @torch.library.custom_op("mixerbench::gla_recurrent_cpp", mutates_args=())
 def _gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, chunk_size: int) -> Tensor:
     compute = compute_dtype(q)
-    q, k, v, g = (last_adjacent(t, compute) for t in (q, k, v, g))
+    q, k, v, g = (cpu_kernels.last_adjacent(t.to(compute)) for t in (q, k, v, g))
     out = q.new_empty(*q.shape[:4], v.shape[-1])  # (D, B, H, L, V)
     forward_into(out, q, k, v, g, scale)
     return out
@@ -66,7 +67,7 @@ def _gla_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scal
     """(dq, dk, dv, dg) in the compute dtype, contiguous, shaped as q, k, v, g (an input shared by the directions,
     stride 0, gets a gradient per direction: autograd's expand sums them)."""
     compute = compute_dtype(q)
-    dout, q, k, v, g = (last_adjacent(t, compute) for t in (dout, q, k, v, g))
+    dout, q, k, v, g = (cpu_kernels.last_adjacent(t.to(compute)) for t in (dout, q, k, v, g))
     grads = tuple(t.new_empty(t.shape) for t in (q, k, v, g))
     backward_into(*grads, dout, q, k, v, g, scale)
     return grads

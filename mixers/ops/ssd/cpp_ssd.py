@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from ..gated_recurrence import backward_into, forward_into, last_adjacent
+from .. import cpu_kernels
+from ..gated_recurrence import backward_into, forward_into
 from ..precision import compute_dtype
 from .chunk import chunk_ssd_macs
 
@@ -52,7 +53,7 @@ def _views(x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, 
 @torch.library.custom_op("mixerbench::ssd_recurrent_cpp", mutates_args=())
 def _ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
     compute = compute_dtype(x)
-    x, a, b, c = (last_adjacent(t, compute) for t in (x, a, b, c))
+    x, a, b, c = (cpu_kernels.last_adjacent(t.to(compute)) for t in (x, a, b, c))
     y = torch.empty_like(x, memory_format=torch.contiguous_format)  # (D, batch, L, H, P)
     forward_into(y.transpose(2, 3), *_views(x, a, b, c), 1.0)
     return y
@@ -67,7 +68,7 @@ def _ssd_fake(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Te
 def _ssd_backward(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, da, db, dc) in the compute dtype, contiguous, shaped as x, a, b, c."""
     compute = compute_dtype(x)
-    dy, x, a, b, c = (last_adjacent(t, compute) for t in (dy, x, a, b, c))
+    dy, x, a, b, c = (cpu_kernels.last_adjacent(t.to(compute)) for t in (dy, x, a, b, c))
     directions, batch, length, heads, _ = x.shape
     dx, da = x.new_empty(x.shape), a.new_empty(a.shape)
     dc_heads, db_heads = (x.new_empty(directions, batch, heads, length, m.shape[-1]) for m in (c, b))  # summed below

@@ -44,23 +44,18 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
 
 
 def _leading(x: Tensor, weight: Tensor, left: int) -> tuple:
-    """The sizes and x's pointer and (batch, time) strides; x's channels must be adjacent (`_channels_adjacent`)."""
+    """The sizes and x's pointer and (batch, time) strides; x's channels must be adjacent
+    (`cpu_kernels.last_adjacent`)."""
     batch, length, channels = x.shape
     sizes = (batch, length, channels, weight.shape[-1], left)
     return (*(ctypes.c_int64(v) for v in sizes), _ptr(x), ctypes.c_int64(x.stride(0)), ctypes.c_int64(x.stride(1)))
-
-
-def _channels_adjacent(x: Tensor) -> Tensor:
-    """x as it is where its channels are adjacent (a projection's slice), else a contiguous copy. The caller
-    holds the result while the kernel runs: a copy made inside a call's arguments would be freed before it."""
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool = False,
          silu_grad_of: Tensor | None = None) -> Tensor:
     """The conv (token_conv's definition), contiguous (B, L, C); then silu where `silu`, or, given
     `silu_grad_of` (B, L, C), that gradient through silu at the conv's output (silu's backward)."""
-    x = _channels_adjacent(x)
+    x = cpu_kernels.last_adjacent(x)  # a projection's slice as it is
     taps = weight[:, 0, :].t().contiguous()  # (K, C)
     bias = None if bias is None else bias.contiguous()
     grad = None if silu_grad_of is None else silu_grad_of.contiguous()
@@ -75,7 +70,7 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool =
 
 def weight_grad(grad: Tensor, x: Tensor, weight: Tensor, left: int) -> Tensor:
     """The weight's gradient (C, 1, K) given the output's."""
-    x, grad = _channels_adjacent(x), grad.contiguous()
+    x, grad = cpu_kernels.last_adjacent(x), grad.contiguous()
     threads = cpu_kernels.threads()
     part = x.new_zeros(threads.value, weight.shape[-1], x.shape[-1])  # per thread, (T, K, C)
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_token_conv_dweight_{_CTYPE[x.dtype]}")(
