@@ -154,15 +154,16 @@ class HydraMixer(TokenMixer):
                                "'chunk_torch'")
         return "chunk_torch"
 
-    def _both_ways(self, impl: str, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
-        """The SSD of direction 0 causal and of direction 1 anti-causal (from the last token back), each input and
-        the result (2, B, L, ...) in the sequence's order."""
+    def _both_ways(self, impl: str, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+        """The SSD of direction 0 causal and of direction 1 anti-causal (from the last token back): inputs
+        (2, B, L, ...), each direction's output (B, L, H, P) in the sequence's order."""
         if impl == "cpp_loop":  # one call of the compiled loop, the backward direction walked from the end
-            return ssd_both_ways_cpp(x, a, b, c, chunk_size=self.chunk_size)
+            y = ssd_both_ways_cpp(x, a, b, c, chunk_size=self.chunk_size)
+            return y[0], y[1]
         # The chunked form: the backward direction as the causal SSD of the flipped sequence, stacked onto the
         # batch, so one call runs both.
         y = chunk_ssd(*(torch.cat([t[0], t[1].flip(1)]) for t in (x, a, b, c)), chunk_size=self.chunk_size)
-        return torch.stack([y[: x.shape[1]], y[x.shape[1]:].flip(1)])
+        return y[: x.shape[1]], y[x.shape[1]:].flip(1)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Mixes `x (B, H * W, C)` over its tokens in row-major grid order, both ways; the grid is otherwise unused."""
@@ -186,14 +187,14 @@ class HydraMixer(TokenMixer):
                 impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
             else:
                 self.impl = impl
-            y = self._both_ways(impl, u_heads * dt[..., None], dt * A, b, c)  # (2, B, L, H, P)
+            y_fwd, y_bwd = self._both_ways(impl, u_heads * dt[..., None], dt * A, b, c)  # (B, L, H, P) each
         # The diagonal: each token's own x, weighted per head by fc_D(x) + D.
         diag = F.linear(u.to(compute), self.fc_D.weight.to(compute), self.D.to(compute))  # (B, L, H)
         mixed = u_heads * diag[..., None]  # (B, L, H, P)
         # Hydra's shift: each direction's output at a token is its SSD's at the token before (after, backwards), so
         # the token itself enters only through the diagonal. Added in place into slices: no shifted copies.
-        mixed[:, 1:] += y[0, :, :-1]
-        mixed[:, :-1] += y[1, :, 1:]
+        mixed[:, 1:] += y_fwd[:, :-1]
+        mixed[:, :-1] += y_bwd[:, 1:]
         y = rearrange(mixed, "b l h p -> b l (h p)")  # (B, L, d_inner)
         y = F.rms_norm(y, (self.d_inner,), self.norm_weight.to(compute), self.norm_eps) * F.silu(z.to(compute))
         return self.out_proj(y.to(x.dtype))
