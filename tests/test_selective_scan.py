@@ -287,6 +287,26 @@ def test_cpp_loop_decays_underflow_to_zero() -> None:
 
 
 @needs_cpp
+def test_cpp_loop_decays_are_exp_over_floats_range() -> None:
+    """The kernel's decay exp(delta A), element by element, against float64's exp from 0 to -100 (past its underflow
+    at -87.3, where it flushes to 0), and NaN carried through: two steps per channel, the first setting h = 1
+    (delta = u = B = 1, C = 0), the second reading y = exp(-delta) h (B = 0, C = 1, A = -1)."""
+    count = 2001
+    x = torch.linspace(0, 100, count)
+    x[7] = float("nan")
+    delta = torch.stack([torch.ones(count), x], dim=-1).unsqueeze(0)  # (B, D, L): a channel per value
+    inputs = dict(u=torch.ones(1, count, 2), delta=delta, A=-torch.ones(count, 1), B=torch.tensor([[[1.0, 0.0]]]),
+                  C=torch.tensor([[[0.0, 1.0]]]))
+    y, _ = selective_scan(**inputs, impl="cpp_loop")
+    decay = y[0, :, 1].double()
+    assert decay[7].isnan()
+    keep = ~x.isnan()
+    expected = torch.exp(-x[keep].double())
+    expected[x[keep] > 87.3] = 0
+    torch.testing.assert_close(decay[keep], expected, rtol=1e-6, atol=torch.finfo(torch.float32).tiny)
+
+
+@needs_cpp
 def test_cpp_loop_fused_softplus_and_gate_match_torch_over_their_range() -> None:
     """The forward kernel's own softplus (after the bias) and silu gate agree, element by element, with torch's on
     every range a model can hand them: delta + bias from -90 to 90 (past the threshold at 20 and past exp's

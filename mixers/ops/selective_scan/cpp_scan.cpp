@@ -18,6 +18,7 @@
 // Work is split over (sequence b, block of 16 channels); every inner loop runs over the block's channels, so it
 // vectorises for any N (vmamba's N = 1 included) and reads each step's inputs from one window row. The float exp,
 // sigmoid and silu are mixers/ops/vector_lanes.h's, written so the compiler vectorises them without -ffast-math;
+// AVX-512 builds run the state loop, softplus and the gate in 16-float registers, with their exp and division;
 // double uses std::exp (the float64 path exists for tight tests).
 #include <algorithm>
 #include <cmath>
@@ -34,15 +35,17 @@
 
 namespace {
 
-__attribute__((always_inline)) inline float log1p_lane(float v) {
-  // log(1 + v) for v in [0, 1] (softplus's use): Cephes' logf polynomial on w = 1 + v in [1, 2], with Goldberg's
-  // correction log1p(v) = log(w) v / (w - 1), so a tiny v keeps its relative accuracy (w - 1 is exact).
-  const float w = 1.0f + v;
-  const bool high = w > 1.41421356f;
-  const float e = high ? 1.0f : 0.0f;
-  const float x = high ? w * 0.5f - 1.0f : w - 1.0f;
-  const float z = x * x;
-  float y = 7.0376836292e-2f;
+// log(1 + v) for v in [0, 1] (softplus's use), v a float or F16: Cephes' logf polynomial on w = 1 + v in [1, 2],
+// with Goldberg's correction log1p(v) = log(w) v / (w - 1), so a tiny v keeps its relative accuracy (w - 1 is
+// exact).
+template <class V>
+__attribute__((always_inline)) inline V log1p_lane(V v) {
+  const V w = v + 1.0f;
+  const auto high = w > 1.41421356f;
+  const V e = high ? V{} + 1.0f : V{};
+  const V x = high ? w * 0.5f - 1.0f : w - 1.0f;
+  const V z = x * x;
+  V y = V{} + 7.0376836292e-2f;
   y = y * x - 1.1514610310e-1f;
   y = y * x + 1.1676998740e-1f;
   y = y * x - 1.2420140846e-1f;
@@ -53,20 +56,21 @@ __attribute__((always_inline)) inline float log1p_lane(float v) {
   y = y * x + 3.3333331174e-1f;
   y = y * x * z;
   y = y + e * -2.12194440e-4f - 0.5f * z;
-  const float logw = x + y + e * 0.693359375f;
-  const float wm1 = w - 1.0f;
-  return wm1 == 0.0f ? v : logw * (v / wm1);
+  const V logw = x + y + e * 0.693359375f;
+  const V wm1 = w - 1.0f;
+  return wm1 == 0.0f ? v : logw * divide_lane(v, wm1);
 }
 
 inline double log1p_lane(double v) { return std::log1p(v); }
 
 // torch's softplus (beta 1, threshold 20): x above 20, else log(1 + e^x), as max(x, 0) + log1p(e^-|x|) so nothing
-// overflows.
+// overflows. T is float, double or F16.
 template <class T>
 __attribute__((always_inline)) inline T softplus_lane(T x) {
-  const T ax = x < T(0) ? -x : x;
-  const T out = (x > T(0) ? x : T(0)) + log1p_lane(exp_lane(-ax));
-  return x > T(20) ? x : out;
+  const T zero = T{};
+  const T ax = x < zero ? -x : x;
+  const T out = (x > zero ? x : zero) + log1p_lane(exp_lane(-ax));
+  return x > 20.0f ? x : out;
 }
 
 // Channels per work item: the lanes of every vector loop, so any N (vmamba's 1 included) fills whole vectors.
@@ -352,25 +356,65 @@ struct Block {
       for (int64_t j = j0; j < tile.size(); ++j) base[c * x.d + j * x.t] = w[j * kBlock + c];
   }
 
-  // The step's dt (delta's bias and softplus applied here, in the forward and the backward alike) and dt * u,
-  // from the step's rows of the u and delta windows; zero past nd.
-  void load(const T* ur, const T* dr, T* dt, T* du) const {
+  // The tile's dt (delta's bias and softplus applied here, in the forward and the backward alike) and dt * u,
+  // from its `steps` rows of the u and delta windows into the dt and du windows; zero past nd. A pass over the tile
+  // before its steps, not each step's row as the step needs it (softplus, an exp, a log and a division, is a
+  // chain every state of the step waits on; over a tile the rows are independent and overlap), in 16-float
+  // registers where those are (their exp and division, vector_lanes.h). Stubbed out, softplus had been a fifth of
+  // the forward at 1,024 tokens.
+  void load(const T* uw, const T* dw, int64_t steps, T* dtw, T* duw) const {
+    if constexpr (kRegister16 && std::is_same_v<T, float>) {
+      F16 bv, mv, dr, ur, v;
+      std::memcpy(&bv, bias, sizeof bv);
+      std::memcpy(&mv, mask, sizeof mv);
+      for (int64_t j = 0; j < steps; ++j) {
+        std::memcpy(&dr, dw + j * kBlock, sizeof dr);
+        std::memcpy(&ur, uw + j * kBlock, sizeof ur);
+        v = (softplus ? softplus_lane(dr + bv) : dr + bv) * mv;
+        std::memcpy(dtw + j * kBlock, &v, sizeof v);
+        v *= ur;
+        std::memcpy(duw + j * kBlock, &v, sizeof v);
+      }
+      return;
+    }
+    for (int64_t j = 0; j < steps; ++j) {
+      const T *ur = uw + j * kBlock, *dr = dw + j * kBlock;
+      T *dt = dtw + j * kBlock, *du = duw + j * kBlock;
 #pragma omp simd
-    for (int64_t c = 0; c < kBlock; ++c) {
-      const T pre = dr[c] + bias[c];
-      const T v = (softplus ? softplus_lane(pre) : pre) * mask[c];
-      dt[c] = v;
-      du[c] = v * ur[c];
+      for (int64_t c = 0; c < kBlock; ++c) {
+        const T pre = dr[c] + bias[c];
+        const T v = (softplus ? softplus_lane(pre) : pre) * mask[c];
+        dt[c] = v;
+        du[c] = v * ur[c];
+      }
     }
   }
 
-  // The step's output row: (core + D u) silu(z), z where given. Two loops, not `zr ? ... : ...` inside one: that
-  // form ran several times slower without z (vmamba) on an Intel Xeon when u was channel-major, a loss that
-  // flushing denormals to zero also removed (seen, not traced to the instructions).
-  void store(const T* core, const T* ur, const T* zr, T* yr) const {
-    if (zr) {
+  // The tile's gates silu(z), in place in the z window, before its steps (for the reason `load` gives).
+  void gate(T* zw, int64_t steps) const {
+    if constexpr (kRegister16 && std::is_same_v<T, float>) {  // as in `load`
+      F16 zr;
+      for (int64_t j = 0; j < steps; ++j) {
+        std::memcpy(&zr, zw + j * kBlock, sizeof zr);
+        zr = silu_lane(zr);
+        std::memcpy(zw + j * kBlock, &zr, sizeof zr);
+      }
+      return;
+    }
+    for (int64_t j = 0; j < steps; ++j) {
+      T* zr = zw + j * kBlock;
 #pragma omp simd
-      for (int64_t c = 0; c < kBlock; ++c) yr[c] = (core[c] + skip[c] * ur[c]) * silu_lane(zr[c]);
+      for (int64_t c = 0; c < kBlock; ++c) zr[c] = silu_lane(zr[c]);
+    }
+  }
+
+  // The step's output row: (core + D u) silu(z), the gate's row where given (`gate`). Two loops, not
+  // `gr ? ... : ...` inside one: that form ran several times slower without z (vmamba) on an Intel Xeon when u was
+  // channel-major, a loss that flushing denormals to zero also removed (seen, not traced to the instructions).
+  void store(const T* core, const T* ur, const T* gr, T* yr) const {
+    if (gr) {
+#pragma omp simd
+      for (int64_t c = 0; c < kBlock; ++c) yr[c] = (core[c] + skip[c] * ur[c]) * gr[c];
       return;
     }
 #pragma omp simd
@@ -414,22 +458,25 @@ template <class T>
 void forward(const Shape& s, const Strides* st, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
              const T* delta_bias, bool softplus, const T* D, const T* z, T* y, bool reverse, int threads) {
   const int64_t L = s.length, tiles = (L + kChunk - 1) / kChunk, W = tile_span(L) * kBlock, H = s.d_state * kBlock;
-  Scratch<T> scratch(threads, H + 4 * W);
+  Scratch<T> scratch(threads, H + 6 * W);
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
     Block<T> blk(s, st, item, A, delta_bias, D, softplus);
     T* h = scratch.of(tid);  // the state, zero at the start of each item; then the windows, written before read
     std::fill(h, h + H, T(0));
-    T *uw = h + H, *dw = uw + W, *zw = dw + W, *yw = zw + W;
-    T dt[kBlock], du[kBlock], core[kBlock];
+    T *uw = h + H, *dw = uw + W, *zw = dw + W, *yw = zw + W, *dtw = yw + W, *dxw = dtw + W;
+    T core[kBlock];
     for (int64_t ti = 0; ti < tiles; ++ti) {
       const Tile tile(ti, L, reverse);
       blk.gather(u, kU, tile, uw);
       blk.gather(delta, kDelta, tile, dw);
-      if (z) blk.gather(z, kZ, tile, zw);
+      blk.load(uw, dw, tile.size(), dtw, dxw);
+      if (z) {
+        blk.gather(z, kZ, tile, zw);
+        blk.gate(zw, tile.size());
+      }
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.load(uw + o, dw + o, dt, du);
-        blk.template step<false, true>(dt, du, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h, h, nullptr, core);
+        blk.template step<false, true>(dtw + o, dxw + o, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h, h, nullptr, core);
         blk.store(core, uw + o, z ? zw + o : nullptr, yw + o);
       }
       blk.scatter(yw, kY, tile, y);
@@ -464,17 +511,17 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
     std::fill(h, h + 3 * W, T(0));
     T *uw = as + span * W, *dw = uw + V, *gw = dw + V, *zw = gw + V, *cw = zw + V, *duw = cw + V, *ddw = duw + V,
       *dzw = ddw + V, *dtw = dzw + V, *dxw = dtw + V;  // dtw, dxw: each step's dt and dt u, from the recompute
-    T dt[kBlock], du[kBlock], sgb[kBlock], sdd[kBlock], gy[kBlock], dD[kBlock] = {}, dbias[kBlock] = {};
+    T sgb[kBlock], sdd[kBlock], gy[kBlock], dD[kBlock] = {}, dbias[kBlock] = {};
     for (int64_t ti = 0; ti < tiles; ++ti) {  // states at tile starts
       std::memcpy(&starts[ti * W], h, W * sizeof(T));
       if (ti + 1 == tiles) break;  // the last tile's own steps lead to no start: at L <= kChunk, no pass at all
       const Tile tile(ti, L, reverse);
       blk.gather(u, kU, tile, uw);
       blk.gather(delta, kDelta, tile, dw);
+      blk.load(uw, dw, tile.size(), dtw, dxw);
       for (int64_t k = 0; k < tile.size(); ++k) {
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.load(uw + o, dw + o, dt, du);
-        blk.template step<false, false>(dt, du, Bm + blk.bc(kB, t), nullptr, h, h, nullptr, nullptr);
+        blk.template step<false, false>(dtw + o, dxw + o, Bm + blk.bc(kB, t), nullptr, h, h, nullptr, nullptr);
       }
     }
     T* dB_t = dB_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
@@ -485,9 +532,9 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
       blk.gather(delta, kDelta, tile, dw);
       blk.gather(dy, kDy, tile, gw);
       if (z) blk.gather(z, kZ, tile, zw);
+      blk.load(uw, dw, tile.size(), dtw, dxw);
       for (int64_t k = 0; k < tile.size(); ++k) {  // recompute the tile's states, decays and core outputs
         const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.load(uw + o, dw + o, dtw + o, dxw + o);
         const T* prev = k > 0 ? &hs[(k - 1) * W] : &starts[ti * W];
         blk.template step<true, true>(dtw + o, dxw + o, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), prev, &hs[k * W],
                                       &as[k * W], cw + o);
