@@ -142,6 +142,51 @@ inline void read_out_16(int64_t N, const float* dt, const float* At, const float
   std::memcpy(y, &total, sizeof total);
 }
 
+// The backward's reverse step over all N states in 16-float registers (kRegister16 builds, N >= 8): with gv the
+// state's gradient C_t gy + a_{t+1} g_{t+1} and dpre = gv h_{t-1} a_t, the per-lane dB and dC terms (gv du, gy h_t)
+// go to `rows` (N rows each, W apart) for row_sums; sgb = sum_n gv B_t[n] and sdd = sum_n dpre A_n, in two registers
+// each; dA += dpre dt; g <- a_t gv. gy, dt and du stay in registers across the states, where the compiler's loop
+// over lanes reloaded them and kept sgb and sdd in memory.
+inline void reverse_states_16(int64_t N, int64_t W, const float* At, const float* Bt, const float* Ct,
+                              const float* gy_in, const float* dt_in, const float* du_in, const float* prev,
+                              const float* hk, const float* ak, float* g, float* dA, float* rows, float* sgb,
+                              float* sdd) {
+  F16 gy, dt, du, sg_even = {}, sg_odd = {}, sd_even = {}, sd_odd = {};
+  std::memcpy(&gy, gy_in, sizeof gy);
+  std::memcpy(&dt, dt_in, sizeof dt);
+  std::memcpy(&du, du_in, sizeof du);
+  auto state = [&](int64_t n, F16& sg, F16& sd) {
+    const int64_t o = n * kBlock;
+    F16 gn, hp, a, h, An, dAn;
+    std::memcpy(&gn, g + o, sizeof gn);
+    std::memcpy(&hp, prev + o, sizeof hp);
+    std::memcpy(&a, ak + o, sizeof a);
+    std::memcpy(&h, hk + o, sizeof h);
+    std::memcpy(&An, At + o, sizeof An);
+    std::memcpy(&dAn, dA + o, sizeof dAn);
+    const F16 gv = gy * Ct[n] + gn;
+    const F16 dpre = gv * hp * a;
+    const F16 db = gv * du, dc = gy * h;
+    std::memcpy(rows + o, &db, sizeof db);
+    std::memcpy(rows + W + o, &dc, sizeof dc);
+    sg += gv * Bt[n];
+    sd += dpre * An;
+    dAn += dpre * dt;
+    gn = a * gv;
+    std::memcpy(dA + o, &dAn, sizeof dAn);
+    std::memcpy(g + o, &gn, sizeof gn);
+  };
+  int64_t n = 0;
+  for (; n + 1 < N; n += 2) {
+    state(n, sg_even, sd_even);
+    state(n + 1, sg_odd, sd_odd);
+  }
+  if (n < N) state(n, sg_even, sd_even);
+  const F16 sg = sg_even + sg_odd, sd = sd_even + sd_odd;
+  std::memcpy(sgb, &sg, sizeof sg);
+  std::memcpy(sdd, &sd, sizeof sd);
+}
+
 // A step's gradients of the raw delta and of u from the scan's (sdd: of dt through the decays, sgb: of dt u through
 // B), the skip's and softplus's: d raw delta = d dt sigmoid(delta + bias). A free function on restrict pointers with
 // softplus a template flag: written inline in the backward's loop, the compiler could not prove its rows apart and
@@ -570,33 +615,20 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
         const T* Ct = Cm + blk.bc(kC, t);
         T* dBr = dB_t + blk.part(t);
         T* dCr = dC_t + blk.part(t);
-        for (int64_t n = 0; n < N; ++n) {
+        if constexpr (kRegister16 && std::is_same_v<T, float>) {
+          if (through_rows)
+            reverse_states_16(N, W, blk.At, Bt, Ct, gy, dt, du, prev, hk, ak, g, dA, rows, sgb, sdd);
+        }
+        for (int64_t n = 0; n < N && !through_rows; ++n) {  // each state's dB and dC terms summed here
           const int64_t o_n = n * kBlock;
           const T* An = blk.At + o_n;
           const T bn = Bt[n], cn = Ct[n];
           T* gn = &g[o_n];
           T* dAn = &dA[o_n];
-          // The two forms differ only in what becomes of the dB and dC terms (kept per lane, or summed here).
-          if (through_rows) {
-            T* db = &rows[o_n];
-            T* dc = &rows[W + o_n];
-#pragma omp simd
-            for (int64_t c = 0; c < kBlock; ++c) {
-              const T gv = cn * gy[c] + gn[c];  // gn holds a_{t+1} g_{t+1}
-              const T dpre = gv * prev[o_n + c] * ak[o_n + c];
-              dc[c] = gy[c] * hk[o_n + c];
-              db[c] = gv * du[c];
-              sgb[c] += gv * bn;
-              sdd[c] += dpre * An[c];
-              dAn[c] += dpre * dt[c];
-              gn[c] = ak[o_n + c] * gv;
-            }
-            continue;
-          }
           T db = 0, dc = 0;
 #pragma omp simd reduction(+ : db, dc)
           for (int64_t c = 0; c < kBlock; ++c) {
-            const T gv = cn * gy[c] + gn[c];
+            const T gv = cn * gy[c] + gn[c];  // gn holds a_{t+1} g_{t+1}
             const T dpre = gv * prev[o_n + c] * ak[o_n + c];
             dc += gy[c] * hk[o_n + c];
             db += gv * du[c];
