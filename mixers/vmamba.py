@@ -155,9 +155,11 @@ class SS2D(TokenMixer):
         four, so the per-call work (softplus, layout, dispatch, a thread pool's start) is paid once.
         """
         d, n, r = self.d_inner, self.d_state, self.dt_rank
-        x_dbl = torch.einsum("bkdl,kcd->bkcl", xs, self.x_proj_weight)  # (B, 4, r + 2N, L)
+        # Batched matmuls broadcasting the weights over the batch, so every output comes contiguous as (B, 4, ., L)
+        # and xs is read as it is: einsum put k first for its bmm, copying xs and its outputs both ways.
+        x_dbl = torch.matmul(self.x_proj_weight, xs)  # (B, 4, r + 2N, L)
         dt, B, C = torch.split(x_dbl, [r, n, n], dim=2)  # (B, 4, r, L), (B, 4, N, L), (B, 4, N, L)
-        delta = torch.einsum("bkrl,kdr->bkdl", dt, self.dt_projs_weight)  # (B, 4, d_inner, L)
+        delta = torch.matmul(self.dt_projs_weight, dt)  # (B, 4, d_inner, L)
         y, self.impl = selective_scan(
             xs.flatten(1, 2),  # (B, 4 d_inner, L)
             delta.flatten(1, 2),  # (B, 4 d_inner, L), contiguous along L as the kernels read it
