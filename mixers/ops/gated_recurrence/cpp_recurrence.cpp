@@ -4,9 +4,9 @@
 //     S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = scale * S_t^T q_t,    S_0 = 0      (S is K x V per row)
 //
 // Each row (a sequence and head, in one direction) keeps its state in a small buffer while the loop walks the
-// sequence, so a step costs 2 K V multiply-adds and K exps, with no Python or dispatch per step or per chunk. In PyTorch the chunked
-// form ran tens of small ops per layer and at the micro preset those ops' fixed cost, not their arithmetic, was most
-// of the mixer's time.
+// sequence, so a step costs 2 K V multiply-adds and K exps, with no Python or dispatch per step or per chunk. In
+// PyTorch the chunked form ran tens of small ops per layer and at the micro preset those ops' fixed cost, not their
+// arithmetic, was most of the mixer's time.
 //
 // Plain C++ on raw pointers, built and loaded by mixers/ops/cpu_kernels.py. Every tensor is (direction, batch,
 // head, time, last) at any strides but the last dimension's (`Strides`, one quadruple per tensor), which is 1. A
