@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .base import Grid, TokenMixer, check_tokens
 from .ops.precision import autocast_off
 from .ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
-from .ops.ssd import chunk_ssd, chunk_ssd_macs, ssd_both_ways_cpp
+from .ops.ssd import chunk_ssd, chunk_ssd_macs, ssd_hydra_cpp
 from .ops.token_conv import depthwise_conv_tokens, depthwise_conv_tokens_macs
 from .registry import register_mixer
 
@@ -42,9 +42,9 @@ class HydraMixer(TokenMixer):
     inner width, times silu(z) (Hydra normalises before gating); `out_proj`. Initialisation as Hydra: A = 1 for
     every head, dt log-uniform in [dt_min, dt_max], D = 1. The SSD runs in float32 (float64 for float64 inputs),
     with autocast off, through one of two implementations, recorded in `impl`: `chunk_torch` (`chunk_ssd`, plain
-    PyTorch, any device: the reference and the fallback) or `cpp_loop` (`ssd_both_ways_cpp`: both directions as one
+    PyTorch, any device: the reference and the fallback) or `cpp_loop` (`ssd_hydra_cpp`: both directions as one
     compiled loop on the CPU, forward and backward, the backward one walked from the sequence's end so nothing is
-    flipped; where a C++ compiler is found). MACs are the chunked form's at `chunk_size` whichever runs; while
+    flipped, and the shifts written into the loop's buffers; where a C++ compiler is found). MACs are the chunked form's at `chunk_size` whichever runs; while
     `torch.jit.trace` runs (fvcore's count) `chunk_torch` stands in, since fvcore sees no products inside the
     compiled loop.
 
@@ -154,16 +154,17 @@ class HydraMixer(TokenMixer):
                                "'chunk_torch'")
         return "chunk_torch"
 
-    def _both_ways(self, impl: str, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-        """The SSD of direction 0 causal and of direction 1 anti-causal (from the last token back): inputs
-        (2, B, L, ...), each direction's output (B, L, H, P) in the sequence's order."""
-        if impl == "cpp_loop":  # one call of the compiled loop, the backward direction walked from the end
-            y = ssd_both_ways_cpp(x, a, b, c, chunk_size=self.chunk_size)
-            return y[0], y[1]
+    def _off_diagonal(self, impl: str, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+        """Hydra's strictly lower and upper parts applied: inputs (2, B, L, ...), direction 0 causal and direction 1
+        anti-causal (from the last token back); at token t direction 0's SSD at t - 1 plus direction 1's at t + 1,
+        so the token itself enters only through the diagonal. (B, L, H, P)."""
+        if impl == "cpp_loop":  # one call of the compiled loop, the shifts in its buffers' strides
+            return ssd_hydra_cpp(x, a, b, c, chunk_size=self.chunk_size)
         # The chunked form: the backward direction as the causal SSD of the flipped sequence, stacked onto the
         # batch, so one call runs both.
         y = chunk_ssd(*(torch.cat([t[0], t[1].flip(1)]) for t in (x, a, b, c)), chunk_size=self.chunk_size)
-        return y[: x.shape[1]], y[x.shape[1]:].flip(1)
+        y_fwd, y_bwd = y[: x.shape[1]], y[x.shape[1]:].flip(1)
+        return F.pad(y_fwd[:, :-1], (0, 0, 0, 0, 1, 0)) + F.pad(y_bwd[:, 1:], (0, 0, 0, 0, 0, 1))
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Mixes `x (B, H * W, C)` over its tokens in row-major grid order, both ways; the grid is otherwise unused."""
@@ -187,14 +188,10 @@ class HydraMixer(TokenMixer):
                 impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
             else:
                 self.impl = impl
-            y_fwd, y_bwd = self._both_ways(impl, u_heads * dt[..., None], dt * A, b, c)  # (B, L, H, P) each
+            off_diagonal = self._off_diagonal(impl, u_heads * dt[..., None], dt * A, b, c)  # (B, L, H, P)
         # The diagonal: each token's own x, weighted per head by fc_D(x) + D.
         diag = F.linear(u.to(compute), self.fc_D.weight.to(compute), self.D.to(compute))  # (B, L, H)
-        mixed = u_heads * diag[..., None]  # (B, L, H, P)
-        # Hydra's shift: each direction's output at a token is its SSD's at the token before (after, backwards), so
-        # the token itself enters only through the diagonal. Added in place into slices: no shifted copies.
-        mixed[:, 1:] += y_fwd[:, :-1]
-        mixed[:, :-1] += y_bwd[:, 1:]
+        mixed = u_heads * diag[..., None] + off_diagonal  # (B, L, H, P)
         y = rearrange(mixed, "b l h p -> b l (h p)")  # (B, L, d_inner)
         y = F.rms_norm(y, (self.d_inner,), self.norm_weight.to(compute), self.norm_eps) * F.silu(z.to(compute))
         return self.out_proj(y.to(x.dtype))

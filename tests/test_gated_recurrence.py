@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mixers import create_mixer
 from mixers.ops.gated_recurrence import unavailable_reason
 from mixers.ops.gla import chunk_gla_macs, gla_both_ways_cpp, gla_recurrent_cpp, naive_recurrent_gla
-from mixers.ops.ssd import chunk_ssd_macs, naive_ssd, ssd_both_ways_cpp, ssd_recurrent_cpp
+from mixers.ops.ssd import chunk_ssd_macs, naive_ssd, ssd_hydra_cpp, ssd_recurrent_cpp
 
 pytestmark = pytest.mark.skipif(unavailable_reason(torch.device("cpu")) is not None,
                                 reason=f"the compiled recurrence is unavailable: "
@@ -115,12 +115,18 @@ def test_gla_both_ways_is_the_causal_plus_the_flipped_causal(batch: int, heads: 
     assert_same_with_gradients(gla_both_ways_cpp(q, k, v, g, g_back), expected, [q, k, v, g, g_back])
 
 
-def test_ssd_both_ways_runs_direction_one_from_the_end() -> None:
-    forward, backward = ssd_inputs(2, 23, 3, 4, 5), ssd_inputs(2, 23, 3, 4, 5)
+@pytest.mark.parametrize("length", [23, 2, 1])
+def test_ssd_hydra_is_both_directions_shifted_one_token(length: int) -> None:
+    """Direction 1 runs from the last step inside the loop, and the shifts live in the buffers' strides: equal to
+    the causal SSD one token later plus the flipped causal SSD one token earlier, forward and every gradient."""
+    forward, backward = ssd_inputs(2, length, 3, 4, 5), ssd_inputs(2, length, 3, 4, 5)
     stacked = [torch.stack(pair).detach().requires_grad_() for pair in zip(forward, backward)]
-    out = ssd_both_ways_cpp(*stacked)
-    expected = torch.stack([naive_ssd(*(t[0] for t in stacked)),
-                            naive_ssd(*(t[1].flip(1) for t in stacked)).flip(1)])
+    out = ssd_hydra_cpp(*stacked)
+    causal = naive_ssd(*(t[0] for t in stacked))
+    anti_causal = naive_ssd(*(t[1].flip(1) for t in stacked)).flip(1)
+    expected = torch.zeros_like(causal)
+    expected[:, 1:] += causal[:, :-1]
+    expected[:, :-1] += anti_causal[:, 1:]
     assert_same_with_gradients(out, expected, stacked)
 
 
@@ -137,6 +143,8 @@ def test_gradcheck_and_opcheck() -> None:
     torch.library.opcheck(torch.ops.mixerbench.gla_recurrent_cpp.default, (*shared, gates, 0.5, 16))
     both = [torch.stack([t.detach(), t.detach().flip(1)]) for t in ssd]
     torch.library.opcheck(torch.ops.mixerbench.ssd_recurrent_cpp.default, (*both, 32))
+    torch.library.opcheck(torch.ops.mixerbench.ssd_hydra_cpp.default, (*both, 32))
+    assert torch.autograd.gradcheck(lambda *t: ssd_hydra_cpp(*t), [t.detach().requires_grad_() for t in both])
 
 
 def test_counters_charge_the_chunked_forms_macs() -> None:
@@ -149,6 +157,9 @@ def test_counters_charge_the_chunked_forms_macs() -> None:
     with FlopCounterMode(display=False) as counter:
         ssd_recurrent_cpp(x, a, b, c, chunk_size=16)
     assert counter.get_total_flops() == 2 * 2 * chunk_ssd_macs(37, 3, 5, 4, 16)
+    with FlopCounterMode(display=False) as counter:  # both directions: twice the causal pass
+        ssd_hydra_cpp(*(torch.stack([t, t]) for t in (x, a, b, c)), chunk_size=16)
+    assert counter.get_total_flops() == 2 * 2 * 2 * chunk_ssd_macs(37, 3, 5, 4, 16)
 
 
 @pytest.mark.parametrize("name", ["gla", "mamba2"])

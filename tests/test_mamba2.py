@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mixers import create_mixer
 from mixers.mamba2 import HydraMixer
 from mixers.ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
-from mixers.ops.ssd import (chunk_ssd, decay_matrix, hydra_matrix, naive_ssd, segsum, ssd_both_ways_cpp,
+from mixers.ops.ssd import (chunk_ssd, decay_matrix, hydra_matrix, naive_ssd, segsum, ssd_hydra_cpp,
                              ssd_matrix)
 
 DIM, HEADS = 16, 2
@@ -223,7 +223,7 @@ def test_runs_under_autocast_with_the_ssd_in_float32(monkeypatch: pytest.MonkeyP
         return record
 
     monkeypatch.setattr(mixers.mamba2, "chunk_ssd", recording(chunk_ssd))
-    monkeypatch.setattr(mixers.mamba2, "ssd_both_ways_cpp", recording(ssd_both_ways_cpp))
+    monkeypatch.setattr(mixers.mamba2, "ssd_hydra_cpp", recording(ssd_hydra_cpp))
     mixer = create_mixer("mamba2", DIM, HEADS, impl=impl)
     x = torch.randn(1, 64, DIM)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -1,14 +1,16 @@
-"""The custom op `mixerbench::ssd_recurrent_cpp` (`cpp_loop`): SSD's recurrence step by step in the compiled loop of
-`mixers/ops/gated_recurrence`, forward and backward, on the CPU.
+"""The custom ops `mixerbench::ssd_recurrent_cpp` and `mixerbench::ssd_hydra_cpp` (`cpp_loop`): SSD's recurrence step
+by step in the compiled loop of `mixers/ops/gated_recurrence`, forward and backward, on the CPU.
 
-`ssd_recurrent_cpp` takes `chunk_ssd`'s arguments and gives its result; `ssd_both_ways_cpp` takes them stacked
-on a leading direction axis of 2 and runs direction 1 anti-causally (from the last step to the first), in one call
-on unflipped tensors (mamba2's two directions). SSD is the gated recurrence with one decay per head (a gate of
-width 1) and B and C shared by the heads (passed with a head stride of 0, never copied per head): keys b, queries
-c, values x, scale 1. Where the chunked form runs tens of PyTorch ops per call, most of mamba2's time at the micro
-preset, this runs one loop per (direction, sequence, head). `chunk_size` is not used by the loop: the counters
-charge the chunked form's MACs (`chunk_ssd_macs`) at that chunk size, so the mixer's MACs are one number whichever
-implementation runs.
+`ssd_recurrent_cpp` takes `chunk_ssd`'s arguments and gives its result. `ssd_hydra_cpp` takes them stacked on a
+leading direction axis of 2, runs direction 1 anti-causally (from the last step to the first) in the same call on
+unflipped tensors, and returns Hydra's two off-diagonal parts summed: direction 0's output one token later plus
+direction 1's one token earlier (mamba2's two directions). The shifts are in the buffers the loop writes and reads
+(`_shifted`): in PyTorch, added in place into slices, their backward copied and zero-filled slices a dozen times.
+SSD is the gated recurrence with one decay per head (a gate of width 1) and B and C shared by the heads (passed
+with a head stride of 0, never copied per head): keys b, queries c, values x, scale 1. Where the chunked form runs
+tens of PyTorch ops per call, most of mamba2's time at the micro preset, this runs one loop per (direction,
+sequence, head). `chunk_size` is not used by the loop: the counters charge the chunked form's MACs
+(`chunk_ssd_macs`) at that chunk size, so the mixer's MACs are one number whichever implementation runs.
 """
 from __future__ import annotations
 
@@ -31,13 +33,24 @@ def ssd_recurrent_cpp(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: in
     return torch.ops.mixerbench.ssd_recurrent_cpp(*one_way, chunk_size)[0].to(x.dtype)
 
 
-def ssd_both_ways_cpp(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
-    """Causal SSD on direction 0 and anti-causal SSD on direction 1: x (2, batch, L, H, P), a (2, batch, L, H), b and
-    c (2, batch, L, N) -> y (2, batch, L, H, P), both in the sequence's order. Equal to `chunk_ssd` on direction 0
-    and to `chunk_ssd` of the flipped direction 1, flipped back."""
+def ssd_hydra_cpp(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
+    """Hydra's strictly lower and strictly upper parts applied, in one call: x (2, batch, L, H, P), a (2, batch, L, H),
+    b and c (2, batch, L, N) -> (batch, L, H, P), at token t the causal SSD of direction 0 at t - 1 plus the
+    anti-causal SSD of direction 1 at t + 1 (zero beyond the ends). Equal to `chunk_ssd` on direction 0 and to
+    `chunk_ssd` of the flipped direction 1 flipped back, so shifted and summed."""
     if chunk_size < 1:
-        raise ValueError(f"ssd_both_ways_cpp: chunk_size must be >= 1, got {chunk_size}")
-    return torch.ops.mixerbench.ssd_recurrent_cpp(x, a, b, c, chunk_size).to(x.dtype)
+        raise ValueError(f"ssd_hydra_cpp: chunk_size must be >= 1, got {chunk_size}")
+    return torch.ops.mixerbench.ssd_hydra_cpp(x, a, b, c, chunk_size).to(x.dtype)
+
+
+def _shifted(buffer: Tensor) -> Tensor:
+    """The (2, batch, L, ...) view of a (2, batch, L + 1, ...) buffer whose direction 0 starts one step in: step t of
+    direction 0 is the buffer's t + 1, of direction 1 its t. Hydra's shifts as strides: direction 0's output at t
+    lands where token t + 1 reads it, and its output gradient at t is read from token t + 1's (likewise direction 1
+    one token earlier), with the buffer's one extra step the zero beyond each end."""
+    step = buffer.stride(2)
+    shape = (2, buffer.shape[1], buffer.shape[2] - 1, *buffer.shape[3:])
+    return buffer.as_strided(shape, (buffer.stride(0) - step, *buffer.stride()[1:]), buffer.storage_offset() + step)
 
 
 def _views(x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -49,13 +62,33 @@ def _views(x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, 
 
 
 # The ops take x (D, batch, L, H, P), a (D, batch, L, H), b and c (D, batch, L, N): D = 1 is the causal SSD, D = 2 adds
-# the anti-causal one as direction 1.
+# the anti-causal one as direction 1 (ssd_hydra_cpp: D = 2 only).
+def _forward_into(y: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> None:
+    """Writes each direction's outputs into y, a (D, batch, L, H, P) view with its last dimension adjacent."""
+    forward_into(y.transpose(2, 3), *_views(x, a, b, c), 1.0)
+
+
+def _gradients(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, da, db, dc) given each direction's output gradient dy (D, batch, L, H, P); all in the compute dtype with
+    their last dimension adjacent."""
+    directions, batch, length, heads, _ = x.shape
+    dx, da = x.new_empty(x.shape), a.new_empty(a.shape)
+    dc_heads, db_heads = (x.new_empty(directions, batch, heads, length, m.shape[-1]) for m in (c, b))  # summed below
+    backward_into(dc_heads, db_heads, dx.transpose(2, 3), da.transpose(2, 3).unsqueeze(-1), dy.transpose(2, 3),
+                  *_views(x, a, b, c), 1.0)
+    return dx, da, db_heads.sum(2), dc_heads.sum(2)
+
+
+def _in_compute(*tensors: Tensor) -> tuple[Tensor, ...]:
+    compute = compute_dtype(tensors[0])
+    return tuple(cpu_kernels.last_adjacent(t.to(compute)) for t in tensors)
+
+
 @torch.library.custom_op("mixerbench::ssd_recurrent_cpp", mutates_args=())
 def _ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
-    compute = compute_dtype(x)
-    x, a, b, c = (cpu_kernels.last_adjacent(t.to(compute)) for t in (x, a, b, c))
+    x, a, b, c = _in_compute(x, a, b, c)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)  # (D, batch, L, H, P)
-    forward_into(y.transpose(2, 3), *_views(x, a, b, c), 1.0)
+    _forward_into(y, x, a, b, c)
     return y
 
 
@@ -67,20 +100,43 @@ def _ssd_fake(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Te
 @torch.library.custom_op("mixerbench::ssd_recurrent_cpp_bwd", mutates_args=())
 def _ssd_backward(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, da, db, dc) in the compute dtype, contiguous, shaped as x, a, b, c."""
-    compute = compute_dtype(x)
-    dy, x, a, b, c = (cpu_kernels.last_adjacent(t.to(compute)) for t in (dy, x, a, b, c))
-    directions, batch, length, heads, _ = x.shape
-    dx, da = x.new_empty(x.shape), a.new_empty(a.shape)
-    dc_heads, db_heads = (x.new_empty(directions, batch, heads, length, m.shape[-1]) for m in (c, b))  # summed below
-    backward_into(dc_heads, db_heads, dx.transpose(2, 3), da.transpose(2, 3).unsqueeze(-1), dy.transpose(2, 3),
-                  *_views(x, a, b, c), 1.0)
-    return dx, da, db_heads.sum(2), dc_heads.sum(2)
+    return _gradients(*_in_compute(dy, x, a, b, c))
 
 
-@_ssd_backward.register_fake
-def _ssd_backward_fake(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor
+@torch.library.custom_op("mixerbench::ssd_hydra_cpp", mutates_args=())
+def _hydra(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
+    x, a, b, c = _in_compute(x, a, b, c)
+    _, batch, length, heads, head_dim = x.shape
+    buffer = x.new_empty(2, batch, length + 1, heads, head_dim)
+    buffer[0, :, 0] = 0  # token 0 has nothing before it
+    buffer[1, :, length] = 0  # the last token nothing after it
+    _forward_into(_shifted(buffer), x, a, b, c)
+    return buffer[0, :, :length] + buffer[1, :, 1:]
+
+
+@_hydra.register_fake
+def _hydra_fake(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
+    return x.new_empty(x.shape[1:], dtype=compute_dtype(x))
+
+
+@torch.library.custom_op("mixerbench::ssd_hydra_cpp_bwd", mutates_args=())
+def _hydra_backward(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, da, db, dc) given the output's gradient dy (batch, L, H, P): each direction reads it one token on."""
+    x, a, b, c = _in_compute(x, a, b, c)
+    _, batch, length, heads, head_dim = x.shape
+    buffer = x.new_empty(2, batch, length + 1, heads, head_dim)
+    buffer[0, :, :length] = dy  # direction 0's step t read at t + 1
+    buffer[0, :, length] = 0
+    buffer[1, :, 1:] = dy  # direction 1's step t read at t
+    buffer[1, :, 0] = 0
+    return _gradients(_shifted(buffer), x, a, b, c)
+
+
+for _backward_op in (_ssd_backward, _hydra_backward):
+    @_backward_op.register_fake
+    def _backward_fake(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor
                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return tuple(t.new_empty(t.shape, dtype=compute_dtype(x)) for t in (x, a, b, c))
+        return tuple(t.new_empty(t.shape, dtype=compute_dtype(x)) for t in (x, a, b, c))
 
 
 def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
@@ -88,17 +144,23 @@ def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
     ctx.save_for_backward(x, a, b, c)
 
 
-def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
-    x, a, b, c = ctx.saved_tensors
-    grads = torch.ops.mixerbench.ssd_recurrent_cpp_bwd(dy, x, a, b, c)
-    return (*(d.to(t.dtype) for d, t in zip(grads, (x, a, b, c))), None)
+def _autograd(backward_op):
+    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
+        x, a, b, c = ctx.saved_tensors
+        grads = backward_op(dy, x, a, b, c)
+        return (*(d.to(t.dtype) for d, t in zip(grads, (x, a, b, c))), None)
+    return backward
 
 
-_ssd.register_autograd(_backward, setup_context=_setup_context)
+_ssd.register_autograd(_autograd(torch.ops.mixerbench.ssd_recurrent_cpp_bwd), setup_context=_setup_context)
+_hydra.register_autograd(_autograd(torch.ops.mixerbench.ssd_hydra_cpp_bwd), setup_context=_setup_context)
 
 
-@register_flop_formula(torch.ops.mixerbench.ssd_recurrent_cpp)
-def _ssd_flops(x_shape: list[int], a_shape: list[int], b_shape: list[int], c_shape: list[int], chunk_size: int,
-               **kwargs) -> int:
+def _flops(x_shape: list[int], a_shape: list[int], b_shape: list[int], c_shape: list[int], chunk_size: int,
+           **kwargs) -> int:
     directions, batch, length, heads, head_dim = x_shape
     return 2 * directions * batch * chunk_ssd_macs(length, heads, head_dim, b_shape[-1], chunk_size)
+
+
+register_flop_formula(torch.ops.mixerbench.ssd_recurrent_cpp)(_flops)
+register_flop_formula(torch.ops.mixerbench.ssd_hydra_cpp)(_flops)
