@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from .base import Grid, TokenMixer, check_int_option, check_positive_option, check_tokens
 from .ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
 from .ops.gla import chunk_gla, chunk_gla_macs, fla_chunk_gla, fla_unavailable_reason, gla_both_ways_cpp
+from .ops.norm_gate import rms_norm_gated
 from .ops.precision import autocast_off
 from .registry import register_mixer
 
@@ -142,6 +143,7 @@ class BiGLA(TokenMixer):
         v = rearrange(self.v_proj(x), "b l (h d) -> b h l d", h=heads)  # (B, H, L, V)
         gates = [rearrange(F.logsigmoid(p(x).to(compute)) / self.gate_logit_normalizer, "b l (h d) -> b h l d",
                            h=heads) for p in self.gk_proj]  # 2 x (B, H, L, K), log decays <= 0
+        gate = self.g_proj(x)  # (B, L, C), the output gate's input, under autocast where it runs
         impl = self._resolve_impl(x.device)
         if impl != "chunk_torch" and torch.jit.is_tracing():
             impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
@@ -157,9 +159,11 @@ class BiGLA(TokenMixer):
                 both = [torch.cat([t, t.flip(2)]) for t in (q, k, v)] + [torch.cat([gates[0], gates[1].flip(2)])]
                 o = self._causal(impl, *both).to(compute)  # (2B, H, L, V)
                 o = o[: x.shape[0]] + o[x.shape[0]:].flip(2)  # (B, H, L, V)
-            o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.norm_eps) * self.g_norm_weight.to(compute)
-        o = rearrange(o, "b h l d -> b l (h d)").to(x.dtype)  # (B, L, C)
-        return self.o_proj(o * F.silu(self.g_proj(x)))
+            o = rearrange(o, "b h l d -> b l (h d)")  # (B, L, C)
+            # Each head's output normalised (RMS over its V channels), then gated: fla's FusedRMSNormSwishGate.
+            o = rms_norm_gated(o, self.g_norm_weight.to(compute), gate.to(compute), self.norm_eps,
+                               group_size=self.head_v_dim)
+        return self.o_proj(o.to(x.dtype))
 
     def macs(self, grid: Grid) -> int:
         """Forward MACs for one image: the projections, both forget gates and both chunked GLAs

@@ -11,6 +11,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .base import Grid, TokenMixer, check_tokens
+from .ops.norm_gate import rms_norm_gated
 from .ops.precision import autocast_off
 from .ops.gated_recurrence import unavailable_reason as cpp_unavailable_reason
 from .ops.ssd import chunk_ssd, chunk_ssd_macs, ssd_hydra_cpp
@@ -193,7 +194,7 @@ class HydraMixer(TokenMixer):
         diag = F.linear(u.to(compute), self.fc_D.weight.to(compute), self.D.to(compute))  # (B, L, H)
         mixed = u_heads * diag[..., None] + off_diagonal  # (B, L, H, P)
         y = rearrange(mixed, "b l h p -> b l (h p)")  # (B, L, d_inner)
-        y = F.rms_norm(y, (self.d_inner,), self.norm_weight.to(compute), self.norm_eps) * F.silu(z.to(compute))
+        y = rms_norm_gated(y, self.norm_weight.to(compute), z.to(compute), self.norm_eps)  # the norm, then the gate
         return self.out_proj(y.to(x.dtype))
 
     def macs(self, grid: Grid) -> int:

@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mixers  # noqa: F401 - registers the ops
 from mixers.ops import gated_recurrence
+from mixers.ops.norm_gate import cpp_norm_gate
 from mixers.ops.selective_scan import cpp_scan
 from mixers.ops.token_conv import cpp_conv
 
@@ -82,3 +83,11 @@ def test_gated_recurrence_ops_and_their_backwards() -> None:
     _assert_fake_matches(torch.ops.mixerbench.ssd_hydra_cpp.default, x, a, b, c, 32)
     _assert_fake_matches(torch.ops.mixerbench.ssd_hydra_cpp_bwd.default, torch.randn_like(x[0]), x, a, b, c)
 
+
+def test_gated_rms_norm_op_and_its_backward() -> None:
+    if cpp_norm_gate.unavailable_reason() is not None:
+        pytest.skip("the compiled gated RMSNorm is unavailable here")
+    x, z = (torch.randn(10, 24)[:, :12] for _ in range(2))  # rows of wider projections
+    weight = torch.randn(4)
+    _assert_fake_matches(torch.ops.mixerbench.rms_norm_gated.default, x, weight, z, 1e-5)
+    _assert_fake_matches(torch.ops.mixerbench.rms_norm_gated_backward.default, torch.randn(10, 12), x, weight, z, 1e-5)
