@@ -106,6 +106,55 @@ inline void update_rows(int64_t keys, int64_t values, const T* __restrict a, con
   }
 }
 
+// update_rows that also gives each new row's dot product with `with`, dots[k] = S[k] . with, in the same pass, four
+// sums at a time: the backward's reverse step, dk_t = dS_t v_t beside dv_t, where a second pass over the state had
+// taken a horizontal sum per row.
+template <class T>
+inline void update_rows_dot(int64_t keys, int64_t values, const T* __restrict a, const T* __restrict key,
+                            const T* __restrict v, const T* __restrict w, const T* __restrict with,
+                            T* __restrict S, T* __restrict out, T* __restrict dots) {
+  int64_t k = 0;
+  for (; k + 4 <= keys; k += 4) {
+    T* __restrict s0 = S + k * values;
+    T* __restrict s1 = s0 + values;
+    T* __restrict s2 = s1 + values;
+    T* __restrict s3 = s2 + values;
+    T d0 = T(0), d1 = T(0), d2 = T(0), d3 = T(0);
+#pragma omp simd reduction(+ : d0, d1, d2, d3)
+    for (int64_t j = 0; j < values; ++j) {
+      const T n0 = a[k] * s0[j] + key[k] * v[j];
+      const T n1 = a[k + 1] * s1[j] + key[k + 1] * v[j];
+      const T n2 = a[k + 2] * s2[j] + key[k + 2] * v[j];
+      const T n3 = a[k + 3] * s3[j] + key[k + 3] * v[j];
+      s0[j] = n0;
+      s1[j] = n1;
+      s2[j] = n2;
+      s3[j] = n3;
+      out[j] += (w[k] * n0 + w[k + 1] * n1) + (w[k + 2] * n2 + w[k + 3] * n3);
+      d0 += n0 * with[j];
+      d1 += n1 * with[j];
+      d2 += n2 * with[j];
+      d3 += n3 * with[j];
+    }
+    dots[k] = d0;
+    dots[k + 1] = d1;
+    dots[k + 2] = d2;
+    dots[k + 3] = d3;
+  }
+  for (; k < keys; ++k) {
+    T* __restrict s0 = S + k * values;
+    T d0 = T(0);
+#pragma omp simd reduction(+ : d0)
+    for (int64_t j = 0; j < values; ++j) {
+      const T n0 = a[k] * s0[j] + key[k] * v[j];
+      s0[j] = n0;
+      out[j] += w[k] * n0;
+      d0 += n0 * with[j];
+    }
+    dots[k] = d0;
+  }
+}
+
 // The same update on a transposed state, S^T (V rows of K): S^T[j] <- a S^T[j] + v[j] key (element-wise over the
 // keys), then out += w[j] S^T[j]. The backward's forward sweep runs it with w = do: dq_t = S_t do_t then sums rows
 // vertically, where on S (K rows of V) each of its K entries was a horizontal sum.
@@ -140,14 +189,6 @@ inline void update_columns(int64_t keys, int64_t values, const T* __restrict a, 
       out[c] += w[j] * n0;
     }
   }
-}
-
-template <class T>
-inline T dot(const T* __restrict x, const T* __restrict y, int64_t n) {
-  T sum = T(0);
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) sum += x[j] * y[j];
-  return sum;
 }
 
 template <class T>
@@ -198,11 +239,11 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
       for (int64_t j = 0; j < K; ++j) w[j] = scale * qt[j];
       T* dvt = dvr.at(t);
       for (int64_t j = 0; j < V; ++j) dvt[j] = T(0);
-      // dS <- a_{t+1} dS + (scale q_t) do_t^T, and dv_t = dS^T k_t: update_rows with the roles of k and q swapped.
-      update_rows(K, V, a.data(), w.data(), dot_, kt, state.data(), dvt);
+      // dS <- a_{t+1} dS + (scale q_t) do_t^T, dv_t = dS^T k_t (update_rows with the roles of k and q swapped), and
+      // dk_t = dS v_t in the same pass.
       const T* dqt = dqr.at(t);
       T *dkt = dkr.at(t), *dgt = dgr.at(t);
-      for (int64_t j = 0; j < K; ++j) dkt[j] = dot(state.data() + j * V, vt, V);
+      update_rows_dot(K, V, a.data(), w.data(), dot_, kt, vt, state.data(), dvt, dkt);
       if (s.gate_width == 1) {
         double step = 0.0;
 #pragma omp simd reduction(+ : step)
