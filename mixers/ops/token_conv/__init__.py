@@ -3,8 +3,8 @@
 `nn.Conv1d` wants channel-major (B, C, L), and the mixers' projections are time-major: on the CPU the layout
 copies around it and oneDNN's depthwise kernel took about twice as long, forward and backward, as the same conv
 done on the time-major rows (Mamba's width-4 conv at 1,024 tokens; the timings are in issue 33's note). Two forms:
-- `cpp_conv.py` / `cpp_conv.cpp`: one compiled pass on the CPU (float32, float64), forward (silu after it, or the
-  gradient through that silu, in the same pass) and weight gradient;
+- `cpp_conv.py` / `cpp_conv.cpp`: one compiled pass on the CPU (float32, float64) for the forward (silu after it
+  in the same pass) and another for the whole backward (the gradient through silu, dx, the weight's and the bias's);
 - `shifted.py`: K fused multiply-adds over shifted views of the padded input, in PyTorch ops: the reference, and
   what runs elsewhere (GPUs, half types, no compiler).
 """
@@ -28,9 +28,8 @@ def depthwise_conv_tokens(x: Tensor, weight: Tensor, bias: Tensor | None, left: 
     backward another) so the counters see a conv of L x K MACs per channel, not element-wise work. `silu` is the
     activation Mamba's blocks put after the conv, applied as each output row is written: as an op of its own it was
     a pass over (B, L, C) per call. Its backward recomputes the conv's output rather than keep it (the forward
-    holds x only), in the compiled pass that takes the gradient through silu. At the tiny Mamba's shape (1,024
-    tokens, 384 channels, 2 threads) the fused forward took a quarter less than conv then silu, forward and
-    backward together 6% less.
+    holds x only), in the compiled backward's one pass. At the tiny Mamba's shape (1,024 tokens, 384 channels,
+    2 threads) the fused forward took a quarter less than conv then silu, forward and backward together 6% less.
 
     Args:
         x: (B, L, C), any strides (a view of a projection's output).
@@ -76,18 +75,16 @@ def _conv_backward(grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None,
 
     With silu the conv's output is recomputed and the gradient taken through silu first. dx is the conv of the
     gradient with the taps flipped, reaching the other way (K - 1 - left steps back); dweight[c, 0, k] sums grad
-    times x shifted by tap k.
+    times x shifted by tap k. Where the compiled pass runs, all of it is one pass (`cpp_conv.backward`).
     """
-    if silu and cpp_conv.runs(grad, x, weight, bias):
-        grad = cpp_conv.conv(x, weight, bias, left, silu_grad_of=grad)  # one pass, the conv's output never stored
-    elif silu:
+    if cpp_conv.runs(grad, x, weight, bias):
+        dx, dweight, dbias = cpp_conv.backward(grad, x, weight, bias, left, silu)
+        return dx, dweight, weight.new_empty(0) if dbias is None else dbias
+    if silu:
         grad = torch.ops.aten.silu_backward(grad, shifted.shifted_sum(x, weight, bias, left))
     has_bias, width = bias is not None, weight.shape[-1]
     dx = _forward(grad, weight.flip(-1), None, width - 1 - left, False)
-    if cpp_conv.runs(grad, x, weight):
-        dweight = cpp_conv.weight_grad(grad, x, weight, left)
-    else:
-        dweight = shifted.weight_grad(grad, x, weight, left)
+    dweight = shifted.weight_grad(grad, x, weight, left)
     wide = torch.promote_types(weight.dtype, grad.dtype)  # summed over B and L in at least the weight's precision
     dbias = grad.sum((0, 1), dtype=wide).to(weight.dtype) if has_bias else weight.new_empty(0)
     return dx, dweight, dbias

@@ -1,5 +1,5 @@
-"""The token conv's forward and weight gradient as one compiled pass on the CPU (`cpp_conv.cpp`), for float32 and
-float64; `runs` says where it applies, elsewhere the op runs its PyTorch form (`shifted.py`)."""
+"""The token conv's forward and its whole backward, each as one compiled pass on the CPU (`cpp_conv.cpp`), for
+float32 and float64; `runs` says where it applies, elsewhere the op runs its PyTorch form (`shifted.py`)."""
 from __future__ import annotations
 
 import ctypes
@@ -13,14 +13,14 @@ from .. import cpu_kernels
 
 SOURCE = Path(__file__).with_name("cpp_conv.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
-ABI_VERSION = 2
+ABI_VERSION = 3
 _CTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The built library, or the reason it cannot be had (cached: a failed build is not retried per call)."""
-    entries = [f"mixerbench_token_conv_{way}_{suffix}" for way in ("fwd", "dweight") for suffix in _CTYPE.values()]
+    entries = [f"mixerbench_token_conv_{way}_{suffix}" for way in ("fwd", "bwd") for suffix in _CTYPE.values()]
     return cpu_kernels.build("C++ token conv", "mixerbench_token_conv", SOURCE, ABI_VERSION,
                              "mixerbench_token_conv_abi_version", entries)
 
@@ -51,31 +51,34 @@ def _leading(x: Tensor, weight: Tensor, left: int) -> tuple:
     return (*(ctypes.c_int64(v) for v in sizes), _ptr(x), ctypes.c_int64(x.stride(0)), ctypes.c_int64(x.stride(1)))
 
 
-def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool = False,
-         silu_grad_of: Tensor | None = None) -> Tensor:
-    """The conv (token_conv's definition), contiguous (B, L, C); then silu where `silu`, or, given
-    `silu_grad_of` (B, L, C), that gradient through silu at the conv's output (silu's backward)."""
+def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool = False) -> Tensor:
+    """The conv (token_conv's definition), contiguous (B, L, C); then silu where `silu`."""
     x = cpu_kernels.last_adjacent(x)  # a projection's slice as it is
     taps = weight[:, 0, :].t().contiguous()  # (K, C)
     bias = None if bias is None else bias.contiguous()
-    grad = None if silu_grad_of is None else silu_grad_of.contiguous()
-    activation = 2 if grad is not None else int(silu)  # the kernel's Activation
     out = x.new_empty(x.shape)
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_token_conv_fwd_{_CTYPE[x.dtype]}")(
-        *_leading(x, weight, left), _ptr(taps), _ptr(bias), ctypes.c_int(activation), _ptr(grad), _ptr(out),
-        cpu_kernels.threads(),
+        *_leading(x, weight, left), _ptr(taps), _ptr(bias), ctypes.c_int(int(silu)), _ptr(out), cpu_kernels.threads(),
     )
     return out
 
 
-def weight_grad(grad: Tensor, x: Tensor, weight: Tensor, left: int) -> Tensor:
-    """The weight's gradient (C, 1, K) given the output's."""
+def backward(grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool
+             ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(dx, dweight, dbias) given the output's gradient (B, L, C), in one compiled pass (`backward` in
+    cpp_conv.cpp): through silu at the recomputed output where `silu`; dx contiguous (B, L, C), dweight (C, 1, K),
+    dbias (C,) or None without a bias."""
     x, grad = cpu_kernels.last_adjacent(x), grad.contiguous()
+    taps = weight[:, 0, :].t().contiguous()  # (K, C)
+    bias = None if bias is None else bias.contiguous()
     threads = cpu_kernels.threads()
-    part = x.new_zeros(threads.value, weight.shape[-1], x.shape[-1])  # per thread, (T, K, C)
-    getattr(cpu_kernels.loaded(_library()), f"mixerbench_token_conv_dweight_{_CTYPE[x.dtype]}")(
-        *_leading(x, weight, left), _ptr(grad), _ptr(part), threads
+    width, channels = weight.shape[-1], x.shape[-1]
+    dx = x.new_empty(x.shape)
+    part_w = x.new_zeros(threads.value, width, channels)  # per thread, summed below
+    part_b = x.new_zeros(threads.value, channels)
+    getattr(cpu_kernels.loaded(_library()), f"mixerbench_token_conv_bwd_{_CTYPE[x.dtype]}")(
+        *_leading(x, weight, left), _ptr(taps), _ptr(bias), ctypes.c_int(int(silu)), _ptr(grad), _ptr(dx),
+        _ptr(part_w), _ptr(part_b), threads,
     )
-    # Contiguous, as the op's fake promises: compiled training asserts the strides of a custom op's outputs, and
-    # the transposed sum (strides (1, K, C)) failed there.
-    return part.sum(0).t().contiguous().unsqueeze(1)  # (C, 1, K)
+    dweight = part_w.sum(0).t().contiguous().unsqueeze(1)  # (C, 1, K), contiguous as the op's fake promises
+    return dx, dweight, None if bias is None else part_b.sum(0)
