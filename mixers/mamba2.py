@@ -155,14 +155,16 @@ class HydraMixer(TokenMixer):
                                "'chunk_torch'")
         return "chunk_torch"
 
-    def _off_diagonal(self, impl: str, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
-        """Hydra's strictly lower and upper parts applied: inputs (2, B, L, ...), direction 0 causal and direction 1
-        anti-causal (from the last token back); at token t direction 0's SSD at t - 1 plus direction 1's at t + 1,
-        so the token itself enters only through the diagonal. (B, L, H, P)."""
-        if impl == "cpp_loop":  # one call of the compiled loop, the shifts in its buffers' strides
-            return ssd_hydra_cpp(x, a, b, c, chunk_size=self.chunk_size)
+    def _off_diagonal(self, impl: str, u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+        """Hydra's strictly lower and upper parts applied to u (B, L, H, P): the other inputs (2, B, L, ...),
+        direction 0 causal and direction 1 anti-causal (from the last token back), each the SSD of x = u dt; at
+        token t direction 0's SSD at t - 1 plus direction 1's at t + 1, so the token itself enters only through the
+        diagonal. (B, L, H, P)."""
+        if impl == "cpp_loop":  # one call of the compiled loop: u dt formed in it, the shifts its buffers' strides
+            return ssd_hydra_cpp(u, dt, a, b, c, chunk_size=self.chunk_size)
         # The chunked form: the backward direction as the causal SSD of the flipped sequence, stacked onto the
         # batch, so one call runs both.
+        x = u * dt[..., None]  # (2, B, L, H, P)
         y = chunk_ssd(*(torch.cat([t[0], t[1].flip(1)]) for t in (x, a, b, c)), chunk_size=self.chunk_size)
         y_fwd, y_bwd = y[: x.shape[1]], y[x.shape[1]:].flip(1)
         return F.pad(y_fwd[:, :-1], (0, 0, 0, 0, 1, 0)) + F.pad(y_bwd[:, 1:], (0, 0, 0, 0, 0, 1))
@@ -189,7 +191,7 @@ class HydraMixer(TokenMixer):
                 impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
             else:
                 self.impl = impl
-            off_diagonal = self._off_diagonal(impl, u_heads * dt[..., None], dt * A, b, c)  # (B, L, H, P)
+            off_diagonal = self._off_diagonal(impl, u_heads, dt, dt * A, b, c)  # (B, L, H, P)
         # The diagonal: each token's own x, weighted per head by fc_D(x) + D.
         diag = F.linear(u.to(compute), self.fc_D.weight.to(compute), self.D.to(compute))  # (B, L, H)
         mixed = u_heads * diag[..., None] + off_diagonal  # (B, L, H, P)

@@ -80,8 +80,9 @@ def test_gated_recurrence_ops_and_their_backwards() -> None:
     b, c = torch.randn(batch, length, 2, 2 * keys).movedim(2, 0).split(keys, dim=-1)  # views of one projection
     _assert_fake_matches(torch.ops.mixerbench.ssd_recurrent_cpp.default, x, a, b, c, 32)
     _assert_fake_matches(torch.ops.mixerbench.ssd_recurrent_cpp_bwd.default, torch.randn_like(x), x, a, b, c)
-    _assert_fake_matches(torch.ops.mixerbench.ssd_hydra_cpp.default, x, a, b, c, 32)
-    _assert_fake_matches(torch.ops.mixerbench.ssd_hydra_cpp_bwd.default, torch.randn_like(x[0]), x, a, b, c)
+    u, dt = x[0], a.exp()  # u read by both directions, each with its own step sizes
+    _assert_fake_matches(torch.ops.mixerbench.ssd_hydra_cpp.default, u, dt, a, b, c, 32)
+    _assert_fake_matches(torch.ops.mixerbench.ssd_hydra_cpp_bwd.default, torch.randn_like(u), u, dt, a, b, c)
 
 
 def test_gated_rms_norm_op_and_its_backward() -> None:

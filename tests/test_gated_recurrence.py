@@ -117,17 +117,20 @@ def test_gla_both_ways_is_the_causal_plus_the_flipped_causal(batch: int, heads: 
 
 @pytest.mark.parametrize("length", [23, 2, 1])
 def test_ssd_hydra_is_both_directions_shifted_one_token(length: int) -> None:
-    """Direction 1 runs from the last step inside the loop, and the shifts live in the buffers' strides: equal to
-    the causal SSD one token later plus the flipped causal SSD one token earlier, forward and every gradient."""
-    forward, backward = ssd_inputs(2, length, 3, 4, 5), ssd_inputs(2, length, 3, 4, 5)
-    stacked = [torch.stack(pair).detach().requires_grad_() for pair in zip(forward, backward)]
-    out = ssd_hydra_cpp(*stacked)
-    causal = naive_ssd(*(t[0] for t in stacked))
-    anti_causal = naive_ssd(*(t[1].flip(1) for t in stacked)).flip(1)
+    """Direction 1 runs from the last step inside the loop, u dt is formed in it, and the shifts live in the buffers'
+    strides: equal to the causal SSD of u dt one token later plus the flipped causal SSD one token earlier, each
+    direction with its own dt, forward and every gradient."""
+    u = torch.randn(2, length, 3, 4, dtype=torch.float64, requires_grad=True)
+    dt = F.softplus(torch.randn(2, 2, length, 3, dtype=torch.float64)).requires_grad_()
+    _, a, b, c = (torch.stack(pair).detach().requires_grad_()
+                  for pair in zip(ssd_inputs(2, length, 3, 4, 5), ssd_inputs(2, length, 3, 4, 5)))
+    out = ssd_hydra_cpp(u, dt, a, b, c)
+    causal = naive_ssd(u * dt[0, ..., None], a[0], b[0], c[0])
+    anti_causal = naive_ssd(*(t.flip(1) for t in (u * dt[1, ..., None], a[1], b[1], c[1]))).flip(1)
     expected = torch.zeros_like(causal)
     expected[:, 1:] += causal[:, :-1]
     expected[:, :-1] += anti_causal[:, 1:]
-    assert_same_with_gradients(out, expected, stacked)
+    assert_same_with_gradients(out, expected, [u, dt, a, b, c])
 
 
 def test_gradcheck_and_opcheck() -> None:
@@ -143,8 +146,10 @@ def test_gradcheck_and_opcheck() -> None:
     torch.library.opcheck(torch.ops.mixerbench.gla_recurrent_cpp.default, (*shared, gates, 0.5, 16))
     both = [torch.stack([t.detach(), t.detach().flip(1)]) for t in ssd]
     torch.library.opcheck(torch.ops.mixerbench.ssd_recurrent_cpp.default, (*both, 32))
-    torch.library.opcheck(torch.ops.mixerbench.ssd_hydra_cpp.default, (*both, 32))
-    assert torch.autograd.gradcheck(lambda *t: ssd_hydra_cpp(*t), [t.detach().requires_grad_() for t in both])
+    u, dt = ssd[0].detach(), F.softplus(torch.randn(2, *ssd[1].shape, dtype=torch.float64))
+    hydra = [u, dt, *both[1:]]
+    torch.library.opcheck(torch.ops.mixerbench.ssd_hydra_cpp.default, (*hydra, 32))
+    assert torch.autograd.gradcheck(lambda *t: ssd_hydra_cpp(*t), [t.detach().requires_grad_() for t in hydra])
 
 
 def test_counters_charge_the_chunked_forms_macs() -> None:
@@ -158,7 +163,7 @@ def test_counters_charge_the_chunked_forms_macs() -> None:
         ssd_recurrent_cpp(x, a, b, c, chunk_size=16)
     assert counter.get_total_flops() == 2 * 2 * chunk_ssd_macs(37, 3, 5, 4, 16)
     with FlopCounterMode(display=False) as counter:  # both directions: twice the causal pass
-        ssd_hydra_cpp(*(torch.stack([t, t]) for t in (x, a, b, c)), chunk_size=16)
+        ssd_hydra_cpp(x, *(torch.stack([t, t]) for t in (a.exp(), a, b, c)), chunk_size=16)
     assert counter.get_total_flops() == 2 * 2 * 2 * chunk_ssd_macs(37, 3, 5, 4, 16)
 
 

@@ -8,7 +8,8 @@ autograd, this one the library and the calls. Every tensor is passed as a (direc
 with its last dimension adjacent. Direction 1, where there is one, runs from the sequence's last step to its first
 and writes its outputs in the sequence's order: a bidirectional mixer's two directions are one call on unflipped
 tensors. A stride of 0 shares a tensor among the directions or the heads, a gate of width 1 is one decay for all
-keys, so none is copied.
+keys, so none is copied; an optional value scale s (one per row and step) makes the values s_t v_t, so SSD's x dt
+is formed in the loop rather than as a tensor.
 
 Built on first use (`mixers/ops/cpu_kernels.py`); where it cannot be built `unavailable_reason` says why and the
 mixers run their chunked PyTorch forms.
@@ -26,7 +27,7 @@ from .. import cpu_kernels
 
 SOURCE = Path(__file__).with_name("cpp_recurrence.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
-ABI_VERSION = 2
+ABI_VERSION = 3
 _CTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 
@@ -49,18 +50,24 @@ def unavailable_reason(device: torch.device) -> str | None:
     return lib if isinstance(lib, str) else None
 
 
-def _call_args(q: Tensor, k: Tensor, v: Tensor, g: Tensor, o: Tensor, grads: tuple[Tensor, ...] = ()) -> tuple:
-    """Sizes, the strides array and the pointers of q, k, v, g, as the entry points take them. The strides array has
-    a slot per tensor of the kernel's `Slot` (q, k, v, g, o, do, dq, dk, dv, dg); `grads` fills the last five (the
-    backward's), the forward's leaves them o's."""
+def _ptr(t: Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(None if t is None else t.data_ptr())
+
+
+def _call_args(q: Tensor, k: Tensor, v: Tensor, vs: Tensor | None, g: Tensor, o: Tensor,
+               grads: tuple[Tensor, ...] = (), dvs: Tensor | None = None) -> tuple:
+    """Sizes, the strides array and the pointers of q, k, v, vs, g, as the entry points take them. The strides array
+    has a slot per tensor of the kernel's `Slot` (q, k, v, g, o, do, dq, dk, dv, dg, vs, dvs); `grads` fills do to
+    dg (the backward's), the forward leaves them o's, as it does vs's and dvs's where they are None."""
     directions, batch, heads, length, keys = q.shape
-    views = (q, k, v, g, o, *(grads or (o,) * 5))
+    views = (q, k, v, g, o, *(grads or (o,) * 5), o if vs is None else vs, o if dvs is None else dvs)
     strides = (ctypes.c_int64 * (4 * len(views)))(*(s for t in views for s in t.stride()[:4]))
     sizes = (directions, batch, heads, length, keys, v.shape[-1], g.shape[-1])
-    return (*(ctypes.c_int64(s) for s in sizes), strides, *(ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, g)))
+    return (*(ctypes.c_int64(s) for s in sizes), strides, *(_ptr(t) for t in (q, k, v, vs, g)))
 
 
-def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float) -> None:
+def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float,
+                 value_scale: Tensor | None = None) -> None:
     """Writes the recurrence's outputs o into `out`.
 
     Args:
@@ -69,17 +76,20 @@ def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale:
         v: (D, B, H, L, V).
         g: log decays (D, B, H, L, K) or (D, B, H, L, 1), <= 0 for a decaying state.
         scale: multiplies q.
+        value_scale: None, or s (D, B, H, L, 1): the values are then s_t v_t.
         D is 1 (causal) or 2 (causal, then anti-causal); all in one of float32 and float64, on the CPU, each with
         its last dimension adjacent (`cpu_kernels.last_adjacent`).
     """
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_gated_recurrence_fwd_{_CTYPE[q.dtype]}")(
-        *_call_args(q, k, v, g, out), ctypes.c_double(scale), ctypes.c_void_p(out.data_ptr()), cpu_kernels.threads())
+        *_call_args(q, k, v, value_scale, g, out), ctypes.c_double(scale), _ptr(out), cpu_kernels.threads())
 
 
 def backward_into(dq: Tensor, dk: Tensor, dv: Tensor, dg: Tensor, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
-                  g: Tensor, scale: float) -> None:
-    """Writes the gradients of q, k, v and g given the outputs' `dout`; each gradient shaped as its input but with a
-    row per (direction, sequence, head) even where the input is shared (the caller sums those)."""
-    pointers = (ctypes.c_void_p(t.data_ptr()) for t in (dout, dq, dk, dv, dg))
+                  g: Tensor, scale: float, value_scale: Tensor | None = None,
+                  dvalue_scale: Tensor | None = None) -> None:
+    """Writes the gradients of q, k, v and g (and of the value scale, into `dvalue_scale`, where one is given) given
+    the outputs' `dout`; each gradient shaped as its input but with a row per (direction, sequence, head) even where
+    the input is shared (the caller sums those)."""
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_gated_recurrence_bwd_{_CTYPE[q.dtype]}")(
-        *_call_args(q, k, v, g, dout, (dout, dq, dk, dv, dg)), ctypes.c_double(scale), *pointers, cpu_kernels.threads())
+        *_call_args(q, k, v, value_scale, g, dout, (dout, dq, dk, dv, dg), dvalue_scale), ctypes.c_double(scale),
+        *(_ptr(t) for t in (dout, dq, dk, dv, dvalue_scale, dg)), cpu_kernels.threads())

@@ -13,8 +13,9 @@
 // row is one (direction, sequence, head); direction 1 runs the recurrence from the last step to the first (the
 // backward direction of a bidirectional mixer) and writes its outputs in the sequence's own order, so neither the
 // inputs nor the outputs are flipped. A stride of 0 shares a tensor: among the directions (GLA's q, k, v), among
-// the heads (SSD's B and C); a gate of width 1 is one decay for all keys (SSD's scalar per head). The gradients are
-// written per row, so a shared tensor's gradient comes out per direction or head, for the caller to sum.
+// the heads (SSD's B and C); a gate of width 1 is one decay for all keys (SSD's scalar per head); an optional value
+// scale s, one per row and step, makes the values s_t v_t (SSD's x dt, never a tensor of its own). The gradients
+// are written per row, so a shared tensor's gradient comes out per direction or head, for the caller to sum.
 //
 // Backward (fla's recipe, without storing a state): a forward sweep recomputes S_t for dq_t = scale S_t do_t; a
 // reverse sweep carries dS_t = scale q_t do_t^T + diag(exp(g_{t+1})) dS_{t+1} for dk_t = dS_t v_t and
@@ -35,7 +36,7 @@ struct Strides {
 };
 static_assert(sizeof(Strides) == 4 * sizeof(int64_t), "the entry points pass strides as int64 quadruples");
 // The tensors' places in the strides array the entry points take.
-enum Slot : int { kQ, kK, kV, kG, kO, kDo, kDq, kDk, kDv, kDg, kSlots };
+enum Slot : int { kQ, kK, kV, kG, kO, kDo, kDq, kDk, kDv, kDg, kVs, kDvs, kSlots };
 
 struct Shape {
   int64_t directions, batch, heads, length, keys, values, gate_width;  // gate_width: keys, or 1 (one per head)
@@ -52,6 +53,7 @@ struct Walk {
 
 template <class P>
 inline Walk<P> walk(P data, const Strides& st, const Shape& s, int64_t row) {
+  if (!data) return {data, 0};  // an absent tensor (the value scale), never read
   const int64_t per_direction = s.batch * s.heads, direction = row / per_direction, rest = row % per_direction;
   P base = data + direction * st.d + (rest / s.heads) * st.b + (rest % s.heads) * st.h;
   if (direction == 0) return {base, st.t};
@@ -191,42 +193,57 @@ inline void update_columns(int64_t keys, int64_t values, const T* __restrict a, 
   }
 }
 
+// Step t's values v_t, or s_t v_t into `scaled` where a value scale s is given (SSD's x dt, so x dt is never a
+// tensor of its own).
 template <class T>
-void forward(const Shape& s, const Strides* st, const T* q, const T* k, const T* v, const T* g, T scale, T* o,
-             int threads) {
+inline const T* values_at(const Walk<const T*>& vr, const Walk<const T*>& sr, bool scaled_values, int64_t t,
+                          int64_t V, T* __restrict scaled) {
+  const T* __restrict vt = vr.at(t);
+  if (!scaled_values) return vt;
+  const T sv = *sr.at(t);
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) scaled[j] = sv * vt[j];
+  return scaled;
+}
+
+template <class T>
+void forward(const Shape& s, const Strides* st, const T* q, const T* k, const T* v, const T* vs, const T* g, T scale,
+             T* o, int threads) {
   const int64_t K = s.keys, V = s.values;
   parallel_items(s.rows(), threads, [&](int64_t row, int) {
     const auto qr = walk(q, st[kQ], s, row), kr = walk(k, st[kK], s, row), vr = walk(v, st[kV], s, row),
-               gr = walk(g, st[kG], s, row);
+               gr = walk(g, st[kG], s, row), sr = walk(vs, st[kVs], s, row);
     const auto orow = walk(o, st[kO], s, row);
-    std::vector<T> state(K * V, T(0)), a(K), w(K);
+    std::vector<T> state(K * V, T(0)), a(K), w(K), scaled(V);
     for (int64_t t = 0; t < s.length; ++t) {
       const T* qt = qr.at(t);
       decays(s, gr.at(t), a.data());
       for (int64_t j = 0; j < K; ++j) w[j] = scale * qt[j];
       T* ot = orow.at(t);
       for (int64_t j = 0; j < V; ++j) ot[j] = T(0);
-      update_rows(K, V, a.data(), kr.at(t), vr.at(t), w.data(), state.data(), ot);
+      const T* vt = values_at(vr, sr, vs != nullptr, t, V, scaled.data());
+      update_rows(K, V, a.data(), kr.at(t), vt, w.data(), state.data(), ot);
     }
   });
 }
 
 template <class T>
-void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T* v, const T* g, T scale,
-              const T* dout, T* dq, T* dk, T* dv, T* dg, int threads) {
+void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T* v, const T* vs, const T* g, T scale,
+              const T* dout, T* dq, T* dk, T* dv, T* dvs, T* dg, int threads) {
   const int64_t K = s.keys, V = s.values;
   parallel_items(s.rows(), threads, [&](int64_t row, int) {
     const auto qr = walk(q, st[kQ], s, row), kr = walk(k, st[kK], s, row), vr = walk(v, st[kV], s, row),
-               gr = walk(g, st[kG], s, row), dor = walk(dout, st[kDo], s, row);
+               gr = walk(g, st[kG], s, row), dor = walk(dout, st[kDo], s, row), sr = walk(vs, st[kVs], s, row);
     const auto dqr = walk(dq, st[kDq], s, row), dkr = walk(dk, st[kDk], s, row), dvr = walk(dv, st[kDv], s, row),
-               dgr = walk(dg, st[kDg], s, row);
-    std::vector<T> state(K * V, T(0)), a(K), w(K);
+               dgr = walk(dg, st[kDg], s, row), dsr = walk(dvs, st[kDvs], s, row);
+    std::vector<T> state(K * V, T(0)), a(K), w(K), scaled(V);
     // Forward sweep: the states again (transposed), read against do for dq; the readout itself is not needed.
     for (int64_t t = 0; t < s.length; ++t) {
       decays(s, gr.at(t), a.data());
       T* dqt = dqr.at(t);
       for (int64_t j = 0; j < K; ++j) w[j] = T(0);
-      update_columns(K, V, a.data(), kr.at(t), vr.at(t), dor.at(t), state.data(), w.data());
+      const T* vt = values_at(vr, sr, vs != nullptr, t, V, scaled.data());
+      update_columns(K, V, a.data(), kr.at(t), vt, dor.at(t), state.data(), w.data());
 #pragma omp simd
       for (int64_t j = 0; j < K; ++j) dqt[j] = scale * w[j];
     }
@@ -235,7 +252,8 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
     for (int64_t j = 0; j < K; ++j) a[j] = T(0);  // no step after the last
     std::vector<double> running(s.gate_width, 0.0);
     for (int64_t t = s.length - 1; t >= 0; --t) {
-      const T *qt = qr.at(t), *kt = kr.at(t), *vt = vr.at(t), *dot_ = dor.at(t);
+      const T *qt = qr.at(t), *kt = kr.at(t), *dot_ = dor.at(t);
+      const T* vt = values_at(vr, sr, vs != nullptr, t, V, scaled.data());
       for (int64_t j = 0; j < K; ++j) w[j] = scale * qt[j];
       T* dvt = dvr.at(t);
       for (int64_t j = 0; j < V; ++j) dvt[j] = T(0);
@@ -244,6 +262,17 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
       const T* dqt = dqr.at(t);
       T *dkt = dkr.at(t), *dgt = dgr.at(t);
       update_rows_dot(K, V, a.data(), w.data(), dot_, kt, vt, state.data(), dvt, dkt);
+      if (vs) {  // dvt holds the gradient of s_t v_t: v_t's is s_t times it, s_t's its product with v_t
+        const T* __restrict raw = vr.at(t);
+        const T sv = *sr.at(t);
+        T ds = T(0);
+#pragma omp simd reduction(+ : ds)
+        for (int64_t j = 0; j < V; ++j) {
+          ds += raw[j] * dvt[j];
+          dvt[j] *= sv;
+        }
+        *dsr.at(t) = ds;
+      }
       if (s.gate_width == 1) {
         double step = 0.0;
 #pragma omp simd reduction(+ : step)
@@ -267,26 +296,27 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
 
 extern "C" {
 
-int mixerbench_gated_recurrence_abi_version() { return 2; }
+int mixerbench_gated_recurrence_abi_version() { return 3; }
 
 // strides: kSlots quadruples (direction, batch, head, time) in Slot order; the forward reads the first five
-// (q, k, v, g, o).
+// (q, k, v, g, o) and the value scale's. vs, the value scale (one per row and step, a last dimension of 1), and its
+// gradient dvs are null where the values are not scaled.
 #define MIXERBENCH_GATED_RECURRENCE_ENTRY(T, suffix)                                                             \
   void mixerbench_gated_recurrence_fwd_##suffix(int64_t directions, int64_t batch, int64_t heads, int64_t length, \
                                                 int64_t keys, int64_t values, int64_t gate_width,                \
                                                 const int64_t* strides, const T* q, const T* k, const T* v,      \
-                                                const T* g, double scale, T* o, int threads) {                   \
+                                                const T* vs, const T* g, double scale, T* o, int threads) {      \
     const Shape shape{directions, batch, heads, length, keys, values, gate_width};                              \
-    forward<T>(shape, reinterpret_cast<const Strides*>(strides), q, k, v, g, T(scale), o, threads);              \
+    forward<T>(shape, reinterpret_cast<const Strides*>(strides), q, k, v, vs, g, T(scale), o, threads);          \
   }                                                                                                              \
   void mixerbench_gated_recurrence_bwd_##suffix(int64_t directions, int64_t batch, int64_t heads, int64_t length, \
                                                 int64_t keys, int64_t values, int64_t gate_width,                \
                                                 const int64_t* strides, const T* q, const T* k, const T* v,      \
-                                                const T* g, double scale, const T* dout, T* dq, T* dk, T* dv,    \
-                                                T* dg, int threads) {                                            \
+                                                const T* vs, const T* g, double scale, const T* dout, T* dq,     \
+                                                T* dk, T* dv, T* dvs, T* dg, int threads) {                      \
     const Shape shape{directions, batch, heads, length, keys, values, gate_width};                              \
-    backward<T>(shape, reinterpret_cast<const Strides*>(strides), q, k, v, g, T(scale), dout, dq, dk, dv, dg,    \
-                threads);                                                                                        \
+    backward<T>(shape, reinterpret_cast<const Strides*>(strides), q, k, v, vs, g, T(scale), dout, dq, dk, dv,    \
+                dvs, dg, threads);                                                                               \
   }
 
 MIXERBENCH_GATED_RECURRENCE_ENTRY(float, f32)

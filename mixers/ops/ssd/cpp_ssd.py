@@ -33,14 +33,16 @@ def ssd_recurrent_cpp(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: in
     return torch.ops.mixerbench.ssd_recurrent_cpp(*one_way, chunk_size)[0].to(x.dtype)
 
 
-def ssd_hydra_cpp(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
-    """Hydra's strictly lower and strictly upper parts applied, in one call: x (2, batch, L, H, P), a (2, batch, L, H),
-    b and c (2, batch, L, N) -> (batch, L, H, P), at token t the causal SSD of direction 0 at t - 1 plus the
-    anti-causal SSD of direction 1 at t + 1 (zero beyond the ends). Equal to `chunk_ssd` on direction 0 and to
-    `chunk_ssd` of the flipped direction 1 flipped back, so shifted and summed."""
+def ssd_hydra_cpp(u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
+    """Hydra's strictly lower and strictly upper parts applied, in one call: u (batch, L, H, P) read by both
+    directions, each with its own step sizes dt (2, batch, L, H), decays a (2, batch, L, H), b and c (2, batch, L,
+    N) -> (batch, L, H, P): at token t the causal SSD of direction 0 at t - 1 plus the anti-causal SSD of direction
+    1 at t + 1 (zero beyond the ends), each with x = u dt. Equal to `chunk_ssd(u * dt[d, ..., None], a[d], b[d],
+    c[d])` for direction 0 and the same of the flipped direction 1 flipped back, so shifted and summed; u dt is
+    formed inside the loop, never as a tensor."""
     if chunk_size < 1:
         raise ValueError(f"ssd_hydra_cpp: chunk_size must be >= 1, got {chunk_size}")
-    return torch.ops.mixerbench.ssd_hydra_cpp(x, a, b, c, chunk_size).to(x.dtype)
+    return torch.ops.mixerbench.ssd_hydra_cpp(u, dt, a, b, c, chunk_size).to(u.dtype)
 
 
 def _shifted(buffer: Tensor) -> Tensor:
@@ -63,20 +65,28 @@ def _views(x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, 
 
 # The ops take x (D, batch, L, H, P), a (D, batch, L, H), b and c (D, batch, L, N): D = 1 is the causal SSD, D = 2 adds
 # the anti-causal one as direction 1 (ssd_hydra_cpp: D = 2 only).
-def _forward_into(y: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> None:
-    """Writes each direction's outputs into y, a (D, batch, L, H, P) view with its last dimension adjacent."""
-    forward_into(y.transpose(2, 3), *_views(x, a, b, c), 1.0)
+def _scale_view(dt: Tensor) -> Tensor:
+    """dt (D, batch, L, H) as the loop's value scale, (D, batch, H, L, 1)."""
+    return dt.transpose(2, 3).unsqueeze(-1)
 
 
-def _gradients(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, da, db, dc) given each direction's output gradient dy (D, batch, L, H, P); all in the compute dtype with
-    their last dimension adjacent."""
+def _forward_into(y: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor, dt: Tensor | None = None) -> None:
+    """Writes each direction's outputs into y, a (D, batch, L, H, P) view with its last dimension adjacent; with
+    dt, the values are x dt."""
+    forward_into(y.transpose(2, 3), *_views(x, a, b, c), 1.0, None if dt is None else _scale_view(dt))
+
+
+def _gradients(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor, dt: Tensor | None = None) -> tuple[Tensor, ...]:
+    """(dx, da, db, dc), and ddt where dt scales the values, given each direction's output gradient dy (D, batch,
+    L, H, P); all in the compute dtype with their last dimension adjacent, dx per direction."""
     directions, batch, length, heads, _ = x.shape
-    dx, da = x.new_empty(x.shape), a.new_empty(a.shape)
+    dx, da = x.new_empty(directions, *x.shape[1:]), a.new_empty(a.shape)
     dc_heads, db_heads = (x.new_empty(directions, batch, heads, length, m.shape[-1]) for m in (c, b))  # summed below
+    ddt = None if dt is None else dt.new_empty(dt.shape)
     backward_into(dc_heads, db_heads, dx.transpose(2, 3), da.transpose(2, 3).unsqueeze(-1), dy.transpose(2, 3),
-                  *_views(x, a, b, c), 1.0)
-    return dx, da, db_heads.sum(2), dc_heads.sum(2)
+                  *_views(x, a, b, c), 1.0, *(() if dt is None else (_scale_view(dt), _scale_view(ddt))))
+    grads = (dx, da, db_heads.sum(2), dc_heads.sum(2))
+    return grads if dt is None else (*grads, ddt)
 
 
 def _in_compute(*tensors: Tensor) -> tuple[Tensor, ...]:
@@ -103,64 +113,81 @@ def _ssd_backward(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tup
     return _gradients(*_in_compute(dy, x, a, b, c))
 
 
+@_ssd_backward.register_fake
+def _ssd_backward_fake(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(t.new_empty(t.shape, dtype=compute_dtype(x)) for t in (x, a, b, c))
+
+
+def _both_ways(u: Tensor) -> Tensor:
+    """u (batch, L, H, P) as both directions' values, (2, batch, L, H, P) at a direction stride of 0."""
+    return u.unsqueeze(0).expand(2, *u.shape)
+
+
 @torch.library.custom_op("mixerbench::ssd_hydra_cpp", mutates_args=())
-def _hydra(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
-    x, a, b, c = _in_compute(x, a, b, c)
-    _, batch, length, heads, head_dim = x.shape
-    buffer = x.new_empty(2, batch, length + 1, heads, head_dim)
+def _hydra(u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
+    u, dt, a, b, c = _in_compute(u, dt, a, b, c)
+    batch, length, heads, head_dim = u.shape
+    buffer = u.new_empty(2, batch, length + 1, heads, head_dim)
     buffer[0, :, 0] = 0  # token 0 has nothing before it
     buffer[1, :, length] = 0  # the last token nothing after it
-    _forward_into(_shifted(buffer), x, a, b, c)
+    _forward_into(_shifted(buffer), _both_ways(u), a, b, c, dt)
     return buffer[0, :, :length] + buffer[1, :, 1:]
 
 
 @_hydra.register_fake
-def _hydra_fake(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
-    return x.new_empty(x.shape[1:], dtype=compute_dtype(x))
+def _hydra_fake(u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
+    return u.new_empty(u.shape, dtype=compute_dtype(u))
 
 
 @torch.library.custom_op("mixerbench::ssd_hydra_cpp_bwd", mutates_args=())
-def _hydra_backward(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, da, db, dc) given the output's gradient dy (batch, L, H, P): each direction reads it one token on."""
-    x, a, b, c = _in_compute(x, a, b, c)
-    _, batch, length, heads, head_dim = x.shape
-    buffer = x.new_empty(2, batch, length + 1, heads, head_dim)
+def _hydra_backward(dy: Tensor, u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(du, ddt, da, db, dc) given the output's gradient dy (batch, L, H, P): each direction reads it one token
+    on; u's gradient summed over the directions."""
+    u, dt, a, b, c = _in_compute(u, dt, a, b, c)
+    batch, length, heads, head_dim = u.shape
+    buffer = u.new_empty(2, batch, length + 1, heads, head_dim)
     buffer[0, :, :length] = dy  # direction 0's step t read at t + 1
     buffer[0, :, length] = 0
     buffer[1, :, 1:] = dy  # direction 1's step t read at t
     buffer[1, :, 0] = 0
-    return _gradients(_shifted(buffer), x, a, b, c)
+    dx, da, db, dc, ddt = _gradients(_shifted(buffer), _both_ways(u), a, b, c, dt)
+    return dx.sum(0), ddt, da, db, dc
 
 
-for _backward_op in (_ssd_backward, _hydra_backward):
-    @_backward_op.register_fake
-    def _backward_fake(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor
-                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return tuple(t.new_empty(t.shape, dtype=compute_dtype(x)) for t in (x, a, b, c))
+@_hydra_backward.register_fake
+def _hydra_backward_fake(dy: Tensor, u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return tuple(t.new_empty(t.shape, dtype=compute_dtype(u)) for t in (u, dt, a, b, c))
 
 
-def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
-    x, a, b, c, _ = inputs
-    ctx.save_for_backward(x, a, b, c)
+def _ssd_setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    ctx.save_for_backward(*inputs[:-1])  # the tensors; chunk_size is not differentiated
 
 
-def _autograd(backward_op):
-    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
-        x, a, b, c = ctx.saved_tensors
-        grads = backward_op(dy, x, a, b, c)
-        return (*(d.to(t.dtype) for d, t in zip(grads, (x, a, b, c))), None)
-    return backward
+def _ssd_autograd(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
+    grads = torch.ops.mixerbench.ssd_recurrent_cpp_bwd(dy, *ctx.saved_tensors)
+    return (*(d.to(t.dtype) for d, t in zip(grads, ctx.saved_tensors)), None)
 
 
-_ssd.register_autograd(_autograd(torch.ops.mixerbench.ssd_recurrent_cpp_bwd), setup_context=_setup_context)
-_hydra.register_autograd(_autograd(torch.ops.mixerbench.ssd_hydra_cpp_bwd), setup_context=_setup_context)
+def _hydra_autograd(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
+    grads = torch.ops.mixerbench.ssd_hydra_cpp_bwd(dy, *ctx.saved_tensors)
+    return (*(d.to(t.dtype) for d, t in zip(grads, ctx.saved_tensors)), None)
 
 
-def _flops(x_shape: list[int], a_shape: list[int], b_shape: list[int], c_shape: list[int], chunk_size: int,
-           **kwargs) -> int:
+_ssd.register_autograd(_ssd_autograd, setup_context=_ssd_setup_context)
+_hydra.register_autograd(_hydra_autograd, setup_context=_ssd_setup_context)
+
+
+@register_flop_formula(torch.ops.mixerbench.ssd_recurrent_cpp)
+def _ssd_flops(x_shape: list[int], a_shape: list[int], b_shape: list[int], c_shape: list[int], chunk_size: int,
+               **kwargs) -> int:
     directions, batch, length, heads, head_dim = x_shape
     return 2 * directions * batch * chunk_ssd_macs(length, heads, head_dim, b_shape[-1], chunk_size)
 
 
-register_flop_formula(torch.ops.mixerbench.ssd_recurrent_cpp)(_flops)
-register_flop_formula(torch.ops.mixerbench.ssd_hydra_cpp)(_flops)
+@register_flop_formula(torch.ops.mixerbench.ssd_hydra_cpp)
+def _hydra_flops(u_shape: list[int], dt_shape: list[int], a_shape: list[int], b_shape: list[int],
+                 c_shape: list[int], chunk_size: int, **kwargs) -> int:
+    return _ssd_flops([2, *u_shape], a_shape, b_shape, c_shape, chunk_size)
