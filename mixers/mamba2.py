@@ -45,9 +45,9 @@ class HydraMixer(TokenMixer):
     with autocast off, through one of two implementations, recorded in `impl`: `chunk_torch` (`chunk_ssd`, plain
     PyTorch, any device: the reference and the fallback) or `cpp_loop` (`ssd_hydra_cpp`: both directions as one
     compiled loop on the CPU, forward and backward, the backward one walked from the sequence's end so nothing is
-    flipped, and the shifts written into the loop's buffers; where a C++ compiler is found). MACs are the chunked form's at `chunk_size` whichever runs; while
-    `torch.jit.trace` runs (fvcore's count) `chunk_torch` stands in, since fvcore sees no products inside the
-    compiled loop.
+    flipped, x = u dt formed in the loop and the one-token shifts in its buffers' strides; where a C++ compiler is
+    found). MACs are the chunked form's at `chunk_size` whichever runs; while `torch.jit.trace` runs (fvcore's
+    count) `chunk_torch` stands in, since fvcore sees no products inside the compiled loop.
 
     Parameters: with expand 1 and d_state = dim / 4 (the defaults), the in/out projections hold 4 dim^2 + 2 dim H
     against attention's 4 dim^2 + 4 dim, plus the conv, fc_D and norm: tests/test_mamba2.py pins the counts

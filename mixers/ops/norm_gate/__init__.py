@@ -1,7 +1,7 @@
 """RMSNorm over groups of channels, times a weight and a silu gate: `rms_norm_gated`, the output norm of mamba2
 (one group, Hydra and Mamba-2's `RMSNormGated` with the norm before the gate) and gla (a group per head, fla's
 `FusedRMSNormSwishGate`). mamba-ssm and fla fuse it into one kernel on GPUs; as PyTorch ops on the CPU it was 8
-passes forward and 17 backward, each with a fixed cost per call. Two forms:
+ops forward and about 17 backward, each a pass over memory with a fixed cost per call. Two forms:
 - `cpp_norm_gate.py` / `cpp_norm_gate.cpp`: one compiled pass over each row on the CPU (float32, float64), forward
   and backward, behind the op `mixerbench::rms_norm_gated`;
 - `reference.py`: the PyTorch ops: the reference, and what runs elsewhere (GPUs, half types, no compiler), under

@@ -3,8 +3,8 @@
 //
 //     y = x rstd w silu(z),    rstd = 1 / sqrt(mean(x^2) + eps) over each group of S channels of a row
 //
-// As PyTorch ops the forward was eight passes over (R, C) and its backward seventeen, each with a fixed cost per
-// call (mamba2 and gla at the micro preset, where a row is 64 channels).
+// As PyTorch ops the forward was eight passes over (R, C) and its backward about seventeen, each with a fixed cost
+// per call (mamba2 and gla at the micro preset, where a row is 64 channels).
 //
 // Plain C++ on raw pointers, built and loaded by mixers/ops/cpu_kernels.py. x and z are (R, C) at any row stride
 // with their channels adjacent; w (S,) is the same for every group (C = G S); y, dy, dx, dz (R, C) contiguous. Work

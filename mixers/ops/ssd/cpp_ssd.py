@@ -1,13 +1,15 @@
 """The custom ops `mixerbench::ssd_recurrent_cpp` and `mixerbench::ssd_hydra_cpp` (`cpp_loop`): SSD's recurrence step
 by step in the compiled loop of `mixers/ops/gated_recurrence`, forward and backward, on the CPU.
 
-`ssd_recurrent_cpp` takes `chunk_ssd`'s arguments and gives its result. `ssd_hydra_cpp` takes them stacked on a
-leading direction axis of 2, runs direction 1 anti-causally (from the last step to the first) in the same call on
-unflipped tensors, and returns Hydra's two off-diagonal parts summed: direction 0's output one token later plus
-direction 1's one token earlier (mamba2's two directions). The shifts are in the buffers the loop writes and reads
-(`_shifted`): in PyTorch, added in place into slices, their backward copied and zero-filled slices a dozen times.
-SSD is the gated recurrence with one decay per head (a gate of width 1) and B and C shared by the heads (passed
-with a head stride of 0, never copied per head): keys b, queries c, values x, scale 1. Where the chunked form runs
+`ssd_recurrent_cpp` takes `chunk_ssd`'s arguments and gives its result. `ssd_hydra_cpp` (mamba2's two directions)
+takes u, read by both directions, and the other inputs stacked on a leading direction axis of 2 with each
+direction's step sizes dt; it runs direction 1 anti-causally (from the last step to the first) in the same call on
+unflipped tensors, forms x = u dt in the loop (the recurrence's value scale), and returns Hydra's two off-diagonal
+parts summed: direction 0's output one token later plus direction 1's one token earlier. The shifts are in the
+buffers the loop writes and reads (`_shifted`): in PyTorch, added in place into slices, their backward copied and
+zero-filled slices a dozen times. SSD is the gated recurrence with one decay per head (a gate of width 1) and B and
+C shared by the heads (passed with a head stride of 0, never copied per head): keys b, queries c, values x, scale
+1. Where the chunked form runs
 tens of PyTorch ops per call, most of mamba2's time at the micro preset, this runs one loop per (direction,
 sequence, head). `chunk_size` is not used by the loop: the counters charge the chunked form's MACs
 (`chunk_ssd_macs`) at that chunk size, so the mixer's MACs are one number whichever implementation runs.
@@ -64,7 +66,7 @@ def _views(x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, 
 
 
 # The ops take x (D, batch, L, H, P), a (D, batch, L, H), b and c (D, batch, L, N): D = 1 is the causal SSD, D = 2 adds
-# the anti-causal one as direction 1 (ssd_hydra_cpp: D = 2 only).
+# the anti-causal one as direction 1. ssd_hydra_cpp: D = 2, and u (batch, L, H, P) with dt (2, batch, L, H) for x.
 def _scale_view(dt: Tensor) -> Tensor:
     """dt (D, batch, L, H) as the loop's value scale, (D, batch, H, L, 1)."""
     return dt.transpose(2, 3).unsqueeze(-1)
