@@ -107,6 +107,11 @@ def threads() -> ctypes.c_int:
     return ctypes.c_int(max(1, torch.get_num_threads()))
 
 
+def failure(lib: ctypes.CDLL | str) -> str | None:
+    """None where `build` gave a library, else the reason it gave (each kernel's `unavailable_reason`)."""
+    return lib if isinstance(lib, str) else None
+
+
 def loaded(lib: ctypes.CDLL | str) -> ctypes.CDLL:
     """`lib` where `build` gave a library, else a RuntimeError with the reason it gave."""
     if isinstance(lib, str):

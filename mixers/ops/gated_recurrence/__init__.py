@@ -46,8 +46,7 @@ def unavailable_reason(device: torch.device) -> str | None:
     """None where the compiled recurrence runs on tensors of `device`, else why not (one line)."""
     if device.type != "cpu":
         return f"the C++ gated recurrence runs on CPU tensors, got {device}"
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    return cpu_kernels.failure(_library())
 
 
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:

@@ -74,47 +74,13 @@ inline void decays(const Shape& s, const T* __restrict g, T* __restrict a) {
 
 // State rows k: S[k] <- a[k] S[k] + key[k] v, then out += w[k] S[k] (the forward's o with w = scale q, the reverse
 // sweep's dv with w = k). Four rows per pass over `out`, so it is loaded and stored once per four rows rather than
-// once per row (a store-to-load chain through the step).
-template <class T>
+// once per row (a store-to-load chain through the step). Dot: also each new row's dot product with `with`,
+// dots[k] = S[k] . with, in the same pass, four sums at a time (the reverse sweep's dk_t = dS_t v_t beside dv_t,
+// where a second pass over the state had taken a horizontal sum per row); without it `with` and `dots` are unread.
+template <bool Dot, class T>
 inline void update_rows(int64_t keys, int64_t values, const T* __restrict a, const T* __restrict key,
-                        const T* __restrict v, const T* __restrict w, T* __restrict S, T* __restrict out) {
-  int64_t k = 0;
-  for (; k + 4 <= keys; k += 4) {
-    T* __restrict s0 = S + k * values;
-    T* __restrict s1 = s0 + values;
-    T* __restrict s2 = s1 + values;
-    T* __restrict s3 = s2 + values;
-#pragma omp simd
-    for (int64_t j = 0; j < values; ++j) {
-      const T n0 = a[k] * s0[j] + key[k] * v[j];
-      const T n1 = a[k + 1] * s1[j] + key[k + 1] * v[j];
-      const T n2 = a[k + 2] * s2[j] + key[k + 2] * v[j];
-      const T n3 = a[k + 3] * s3[j] + key[k + 3] * v[j];
-      s0[j] = n0;
-      s1[j] = n1;
-      s2[j] = n2;
-      s3[j] = n3;
-      out[j] += (w[k] * n0 + w[k + 1] * n1) + (w[k + 2] * n2 + w[k + 3] * n3);
-    }
-  }
-  for (; k < keys; ++k) {
-    T* __restrict s0 = S + k * values;
-#pragma omp simd
-    for (int64_t j = 0; j < values; ++j) {
-      const T n0 = a[k] * s0[j] + key[k] * v[j];
-      s0[j] = n0;
-      out[j] += w[k] * n0;
-    }
-  }
-}
-
-// update_rows that also gives each new row's dot product with `with`, dots[k] = S[k] . with, in the same pass, four
-// sums at a time: the backward's reverse step, dk_t = dS_t v_t beside dv_t, where a second pass over the state had
-// taken a horizontal sum per row.
-template <class T>
-inline void update_rows_dot(int64_t keys, int64_t values, const T* __restrict a, const T* __restrict key,
-                            const T* __restrict v, const T* __restrict w, const T* __restrict with,
-                            T* __restrict S, T* __restrict out, T* __restrict dots) {
+                        const T* __restrict v, const T* __restrict w, T* __restrict S, T* __restrict out,
+                        const T* __restrict with = nullptr, T* __restrict dots = nullptr) {
   int64_t k = 0;
   for (; k + 4 <= keys; k += 4) {
     T* __restrict s0 = S + k * values;
@@ -133,15 +99,19 @@ inline void update_rows_dot(int64_t keys, int64_t values, const T* __restrict a,
       s2[j] = n2;
       s3[j] = n3;
       out[j] += (w[k] * n0 + w[k + 1] * n1) + (w[k + 2] * n2 + w[k + 3] * n3);
-      d0 += n0 * with[j];
-      d1 += n1 * with[j];
-      d2 += n2 * with[j];
-      d3 += n3 * with[j];
+      if constexpr (Dot) {
+        d0 += n0 * with[j];
+        d1 += n1 * with[j];
+        d2 += n2 * with[j];
+        d3 += n3 * with[j];
+      }
     }
-    dots[k] = d0;
-    dots[k + 1] = d1;
-    dots[k + 2] = d2;
-    dots[k + 3] = d3;
+    if constexpr (Dot) {
+      dots[k] = d0;
+      dots[k + 1] = d1;
+      dots[k + 2] = d2;
+      dots[k + 3] = d3;
+    }
   }
   for (; k < keys; ++k) {
     T* __restrict s0 = S + k * values;
@@ -151,9 +121,9 @@ inline void update_rows_dot(int64_t keys, int64_t values, const T* __restrict a,
       const T n0 = a[k] * s0[j] + key[k] * v[j];
       s0[j] = n0;
       out[j] += w[k] * n0;
-      d0 += n0 * with[j];
+      if constexpr (Dot) d0 += n0 * with[j];
     }
-    dots[k] = d0;
+    if constexpr (Dot) dots[k] = d0;
   }
 }
 
@@ -222,7 +192,7 @@ void forward(const Shape& s, const Strides* st, const T* q, const T* k, const T*
       T* ot = orow.at(t);
       for (int64_t j = 0; j < V; ++j) ot[j] = T(0);
       const T* vt = values_at(vr, sr, vs != nullptr, t, V, scaled.data());
-      update_rows(K, V, a.data(), kr.at(t), vt, w.data(), state.data(), ot);
+      update_rows<false>(K, V, a.data(), kr.at(t), vt, w.data(), state.data(), ot);
     }
   });
 }
@@ -261,7 +231,7 @@ void backward(const Shape& s, const Strides* st, const T* q, const T* k, const T
       // dk_t = dS v_t in the same pass.
       const T* dqt = dqr.at(t);
       T *dkt = dkr.at(t), *dgt = dgr.at(t);
-      update_rows_dot(K, V, a.data(), w.data(), dot_, kt, vt, state.data(), dvt, dkt);
+      update_rows<true>(K, V, a.data(), w.data(), dot_, kt, state.data(), dvt, vt, dkt);
       if (vs) {  // dvt holds the gradient of s_t v_t: v_t's is s_t times it, s_t's its product with v_t
         const T* __restrict raw = vr.at(t);
         const T sv = *sr.at(t);

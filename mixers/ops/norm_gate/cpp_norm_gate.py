@@ -27,8 +27,7 @@ def _library() -> ctypes.CDLL | str:
 
 def unavailable_reason() -> str | None:
     """None where the library is built, else why not (one line)."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    return cpu_kernels.failure(_library())
 
 
 def runs(*tensors: Tensor) -> bool:

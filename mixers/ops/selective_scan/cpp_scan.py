@@ -52,8 +52,7 @@ def cpp_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | No
         return f"the C++ scan runs on CPU tensors, got {device}"
     if dtype not in SUPPORTED_DTYPES:
         return f"the C++ scan takes float tensors (float64, float32, or half types accumulated in float32), got {dtype}"
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    return cpu_kernels.failure(_library())
 
 
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:
