@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import torch
@@ -105,6 +105,20 @@ def last_adjacent(t: torch.Tensor) -> torch.Tensor:
 def threads() -> ctypes.c_int:
     """The thread count a kernel call is given: torch's own (`torch.get_num_threads()`), at least one."""
     return ctypes.c_int(max(1, torch.get_num_threads()))
+
+
+def pointer(t: torch.Tensor | None) -> ctypes.c_void_p:
+    """t's data as a kernel's argument; null for an absent optional tensor."""
+    return ctypes.c_void_p(None if t is None else t.data_ptr())
+
+
+def takes(tensors: Sequence[torch.Tensor | None], dtypes: Collection[torch.dtype], unavailable: Callable[[], str | None]
+          ) -> bool:
+    """Whether a compiled kernel takes these tensors (None for absent optional ones): all on the CPU in one dtype of
+    `dtypes`, and its library built (`unavailable`, the kernel's `unavailable_reason`, gives None)."""
+    given = [t for t in tensors if t is not None]
+    dtype = given[0].dtype
+    return dtype in dtypes and all(t.device.type == "cpu" and t.dtype == dtype for t in given) and unavailable() is None
 
 
 def failure(lib: ctypes.CDLL | str) -> str | None:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import cpu_kernels
+from ..cpu_kernels import pointer
 
 SOURCE = Path(__file__).with_name("cpp_recurrence.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
@@ -49,10 +50,6 @@ def unavailable_reason(device: torch.device) -> str | None:
     return cpu_kernels.failure(_library())
 
 
-def _ptr(t: Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(None if t is None else t.data_ptr())
-
-
 def _call_args(q: Tensor, k: Tensor, v: Tensor, vs: Tensor | None, g: Tensor, o: Tensor,
                grads: tuple[Tensor, ...] = (), dvs: Tensor | None = None) -> tuple:
     """Sizes, the strides array and the pointers of q, k, v, vs, g, as the entry points take them. The strides array
@@ -62,7 +59,7 @@ def _call_args(q: Tensor, k: Tensor, v: Tensor, vs: Tensor | None, g: Tensor, o:
     views = (q, k, v, g, o, *(grads or (o,) * 5), o if vs is None else vs, o if dvs is None else dvs)
     strides = (ctypes.c_int64 * (4 * len(views)))(*(s for t in views for s in t.stride()[:4]))
     sizes = (directions, batch, heads, length, keys, v.shape[-1], g.shape[-1])
-    return (*(ctypes.c_int64(s) for s in sizes), strides, *(_ptr(t) for t in (q, k, v, vs, g)))
+    return (*(ctypes.c_int64(s) for s in sizes), strides, *(pointer(t) for t in (q, k, v, vs, g)))
 
 
 def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float,
@@ -80,7 +77,7 @@ def forward_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale:
         its last dimension adjacent (`cpu_kernels.last_adjacent`).
     """
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_gated_recurrence_fwd_{_CTYPE[q.dtype]}")(
-        *_call_args(q, k, v, value_scale, g, out), ctypes.c_double(scale), _ptr(out), cpu_kernels.threads())
+        *_call_args(q, k, v, value_scale, g, out), ctypes.c_double(scale), pointer(out), cpu_kernels.threads())
 
 
 def backward_into(dq: Tensor, dk: Tensor, dv: Tensor, dg: Tensor, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
@@ -91,4 +88,4 @@ def backward_into(dq: Tensor, dk: Tensor, dv: Tensor, dg: Tensor, dout: Tensor, 
     the input is shared (the caller sums those)."""
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_gated_recurrence_bwd_{_CTYPE[q.dtype]}")(
         *_call_args(q, k, v, value_scale, g, dout, (dout, dq, dk, dv, dg), dvalue_scale), ctypes.c_double(scale),
-        *(_ptr(t) for t in (dout, dq, dk, dv, dvalue_scale, dg)), cpu_kernels.threads())
+        *(pointer(t) for t in (dout, dq, dk, dv, dvalue_scale, dg)), cpu_kernels.threads())

@@ -40,14 +40,14 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Tensor, eps: float, group_size:
     return torch.ops.mixerbench.rms_norm_gated(x.flatten(0, -2), weight, z.flatten(0, -2), eps).view(x.shape)
 
 
-def _rows(*tensors: Tensor) -> tuple[Tensor, ...]:
+def _channels_adjacent(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(cpu_kernels.last_adjacent(t) for t in tensors)
 
 
 # The op takes x and z as (R, C) and the weight as (S,); the groups are C / S.
 @torch.library.custom_op("mixerbench::rms_norm_gated", mutates_args=())
 def _norm_gate(x: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
-    x, z = _rows(x, z)
+    x, z = _channels_adjacent(x, z)
     return cpp_norm_gate.forward(x, weight.contiguous(), z, eps)
 
 
@@ -60,7 +60,7 @@ def _norm_gate_fake(x: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
 def _norm_gate_backward(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, eps: float
                         ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dweight, dz), contiguous."""
-    x, z = _rows(x, z)
+    x, z = _channels_adjacent(x, z)
     return cpp_norm_gate.backward(dy.contiguous(), x, weight.contiguous(), z, eps)
 
 

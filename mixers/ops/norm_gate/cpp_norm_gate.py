@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .. import cpu_kernels
+from ..cpu_kernels import pointer
 
 SOURCE = Path(__file__).with_name("cpp_norm_gate.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
@@ -32,21 +33,15 @@ def unavailable_reason() -> str | None:
 
 def runs(*tensors: Tensor) -> bool:
     """Whether the compiled pass takes these tensors: all on the CPU in one of float32 and float64, and built."""
-    dtype = tensors[0].dtype
-    return (dtype in _CTYPE and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
-            and unavailable_reason() is None)
-
-
-def _ptr(t: Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
+    return cpu_kernels.takes(tensors, _CTYPE, unavailable_reason)
 
 
 def _rows(x: Tensor, z: Tensor, weight: Tensor) -> tuple:
     """Sizes, then x's and z's pointers and row strides; both (R, C) with their channels adjacent."""
     rows, channels = x.shape
     sizes = (rows, channels // weight.shape[0], weight.shape[0])
-    return (*(ctypes.c_int64(v) for v in sizes), _ptr(x), ctypes.c_int64(x.stride(0)), _ptr(z),
-            ctypes.c_int64(z.stride(0)), _ptr(weight))
+    return (*(ctypes.c_int64(v) for v in sizes), pointer(x), ctypes.c_int64(x.stride(0)), pointer(z),
+            ctypes.c_int64(z.stride(0)), pointer(weight))
 
 
 def forward(x: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
@@ -54,7 +49,7 @@ def forward(x: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
     contiguous, all in one dtype."""
     y = x.new_empty(x.shape)
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_norm_gate_fwd_{_CTYPE[x.dtype]}")(
-        *_rows(x, z, weight), ctypes.c_double(eps), _ptr(y), cpu_kernels.threads())
+        *_rows(x, z, weight), ctypes.c_double(eps), pointer(y), cpu_kernels.threads())
     return y
 
 
@@ -64,5 +59,5 @@ def backward(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, eps: float) -> tu
     dx, dz = x.new_empty(x.shape), x.new_empty(x.shape)
     part = x.new_zeros(threads.value, weight.shape[0])  # the weight's gradient per thread, summed below
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_norm_gate_bwd_{_CTYPE[x.dtype]}")(
-        *_rows(x, z, weight), ctypes.c_double(eps), _ptr(dy), _ptr(dx), _ptr(dz), _ptr(part), threads)
+        *_rows(x, z, weight), ctypes.c_double(eps), pointer(dy), pointer(dx), pointer(dz), pointer(part), threads)
     return dx, part.sum(0), dz

@@ -24,6 +24,7 @@ from einops import rearrange
 from torch import Tensor
 
 from .. import cpu_kernels
+from ..cpu_kernels import pointer
 from ..precision import compute_dtype
 from .naive import grouped
 
@@ -53,10 +54,6 @@ def cpp_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | No
     if dtype not in SUPPORTED_DTYPES:
         return f"the C++ scan takes float tensors (float64, float32, or half types accumulated in float32), got {dtype}"
     return cpu_kernels.failure(_library())
-
-
-def _ptr(t: Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(None if t is None else t.data_ptr())
 
 
 class _Inputs:
@@ -105,7 +102,7 @@ class _Inputs:
         strides.update({name: t.stride() for name, t in others.items() if t is not None})
         flat = [s for slot in _SLOTS for s in strides.get(slot, (0, 0, 0))]
         return (*sizes, (ctypes.c_int64 * len(flat))(*flat),
-                *(_ptr(t) for t in (self.u, self.delta, self.A, self.B, self.C)))
+                *(pointer(t) for t in (self.u, self.delta, self.A, self.B, self.C)))
 
 
 # The order of cpp_scan.cpp's `Slot`: a (batch, channel or group, time) stride triple each.
@@ -152,8 +149,8 @@ def selective_scan_cpp(
         gate = None if z is None else z.to(p.dtype)  # any strides: the kernel reads them
         y = torch.empty_like(p.u)  # (B, D, L), u's layout
         getattr(cpu_kernels.loaded(_library()), f"mixerbench_scan_fwd_{p.suffix}")(
-            *p.args(z=gate, y=y), _ptr(bias), ctypes.c_int(int(delta_softplus)), _ptr(skip), _ptr(gate), _ptr(y),
-            ctypes.c_int(int(reverse)), cpu_kernels.threads(),
+            *p.args(z=gate, y=y), pointer(bias), ctypes.c_int(int(delta_softplus)), pointer(skip), pointer(gate),
+            pointer(y), ctypes.c_int(int(reverse)), cpu_kernels.threads(),
         )
         return y.to(u.dtype)
 
@@ -187,10 +184,10 @@ def _scan_backward(
     dD_part = p.u.new_zeros(threads.value, channels)  # per thread, (T, D)
     dbias_part = p.u.new_zeros(threads.value, channels)  # per thread, (T, D)
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_scan_bwd_{p.suffix}")(
-        *p.args(z=gate, dy=dy, du=du, ddelta=d_delta, dz=dz if gate is not None else None), _ptr(bias),
-        ctypes.c_int(int(delta_softplus)), _ptr(skip), _ptr(gate), _ptr(dy),
-        _ptr(du), _ptr(d_delta), _ptr(dA_part), _ptr(dB_part), _ptr(dC_part), _ptr(dD_part), _ptr(dbias_part),
-        _ptr(dz if z is not None else None), ctypes.c_int(int(reverse)), threads,
+        *p.args(z=gate, dy=dy, du=du, ddelta=d_delta, dz=dz if gate is not None else None), pointer(bias),
+        ctypes.c_int(int(delta_softplus)), pointer(skip), pointer(gate), pointer(dy),
+        *(pointer(t) for t in (du, d_delta, dA_part, dB_part, dC_part, dD_part, dbias_part)),
+        pointer(dz if z is not None else None), ctypes.c_int(int(reverse)), threads,
     )
     dB = rearrange(dB_part.sum(0), "b g l n -> b g n l").reshape(B.shape).contiguous()  # as B
     dC = rearrange(dC_part.sum(0), "b g l n -> b g n l").reshape(C.shape).contiguous()  # as C

@@ -168,18 +168,16 @@ def _ssd_setup_context(ctx, inputs: tuple, output: Tensor) -> None:
     ctx.save_for_backward(*inputs[:-1])  # the tensors; chunk_size is not differentiated
 
 
-def _ssd_autograd(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
-    grads = torch.ops.mixerbench.ssd_recurrent_cpp_bwd(dy, *ctx.saved_tensors)
-    return (*(d.to(t.dtype) for d, t in zip(grads, ctx.saved_tensors)), None)
+def _autograd(backward_op):
+    """The op's backward through `backward_op`, each gradient in its input's dtype (none for chunk_size)."""
+    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
+        grads = backward_op(dy, *ctx.saved_tensors)
+        return (*(d.to(t.dtype) for d, t in zip(grads, ctx.saved_tensors)), None)
+    return backward
 
 
-def _hydra_autograd(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
-    grads = torch.ops.mixerbench.ssd_hydra_cpp_bwd(dy, *ctx.saved_tensors)
-    return (*(d.to(t.dtype) for d, t in zip(grads, ctx.saved_tensors)), None)
-
-
-_ssd.register_autograd(_ssd_autograd, setup_context=_ssd_setup_context)
-_hydra.register_autograd(_hydra_autograd, setup_context=_ssd_setup_context)
+_ssd.register_autograd(_autograd(torch.ops.mixerbench.ssd_recurrent_cpp_bwd), setup_context=_ssd_setup_context)
+_hydra.register_autograd(_autograd(torch.ops.mixerbench.ssd_hydra_cpp_bwd), setup_context=_ssd_setup_context)
 
 
 @register_flop_formula(torch.ops.mixerbench.ssd_recurrent_cpp)

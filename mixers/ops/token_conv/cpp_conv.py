@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .. import cpu_kernels
+from ..cpu_kernels import pointer
 
 SOURCE = Path(__file__).with_name("cpp_conv.cpp")
 # Bumped with the C entry points' signatures; the library reports it so a stale build is never called.
@@ -32,14 +33,7 @@ def unavailable_reason() -> str | None:
 
 def runs(*tensors: Tensor | None) -> bool:
     """Whether the compiled conv takes these tensors: all on the CPU in one of float32 and float64, and built."""
-    given = [t for t in tensors if t is not None]
-    dtype = given[0].dtype
-    return (dtype in _CTYPE and all(t.device.type == "cpu" and t.dtype == dtype for t in given)
-            and unavailable_reason() is None)
-
-
-def _ptr(t: Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(None if t is None else t.data_ptr())
+    return cpu_kernels.takes(tensors, _CTYPE, unavailable_reason)
 
 
 def _leading(x: Tensor, weight: Tensor, left: int) -> tuple:
@@ -47,7 +41,7 @@ def _leading(x: Tensor, weight: Tensor, left: int) -> tuple:
     (`cpu_kernels.last_adjacent`)."""
     batch, length, channels = x.shape
     sizes = (batch, length, channels, weight.shape[-1], left)
-    return (*(ctypes.c_int64(v) for v in sizes), _ptr(x), ctypes.c_int64(x.stride(0)), ctypes.c_int64(x.stride(1)))
+    return (*(ctypes.c_int64(v) for v in sizes), pointer(x), ctypes.c_int64(x.stride(0)), ctypes.c_int64(x.stride(1)))
 
 
 def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool = False) -> Tensor:
@@ -57,7 +51,8 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool =
     bias = None if bias is None else bias.contiguous()
     out = x.new_empty(x.shape)
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_token_conv_fwd_{_CTYPE[x.dtype]}")(
-        *_leading(x, weight, left), _ptr(taps), _ptr(bias), ctypes.c_int(int(silu)), _ptr(out), cpu_kernels.threads(),
+        *_leading(x, weight, left), pointer(taps), pointer(bias), ctypes.c_int(int(silu)), pointer(out),
+        cpu_kernels.threads(),
     )
     return out
 
@@ -76,8 +71,8 @@ def backward(grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, left:
     part_w = x.new_zeros(threads.value, width, channels)  # per thread, summed below
     part_b = x.new_zeros(threads.value, channels)
     getattr(cpu_kernels.loaded(_library()), f"mixerbench_token_conv_bwd_{_CTYPE[x.dtype]}")(
-        *_leading(x, weight, left), _ptr(taps), _ptr(bias), ctypes.c_int(int(silu)), _ptr(grad), _ptr(dx),
-        _ptr(part_w), _ptr(part_b), threads,
+        *_leading(x, weight, left), pointer(taps), pointer(bias), ctypes.c_int(int(silu)), pointer(grad), pointer(dx),
+        pointer(part_w), pointer(part_b), threads,
     )
     dweight = part_w.sum(0).t().contiguous().unsqueeze(1)  # (C, 1, K), contiguous as the op's fake promises
     return dx, dweight, None if bias is None else part_b.sum(0)
