@@ -76,6 +76,14 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     "train_mfu",  # train_achieved_tflops / device_peak_tflops
     "train_status",  # ok | oom | skipped (a smaller point's train step ran out of memory) | "" when not measured
     "memory_method",  # how peak memory was read (cuda_allocator | cpu_profiler)
+    # cost over a reference mixer's timed beside it, call for call, in alternating blocks at this row's batches
+    # (`paired_reference` in the config; experiments/measure/paired.py): a ratio that a machine's drift over the
+    # minutes between two rows does not move. Empty where the sweep named no reference, and on its own rows.
+    "paired_reference",  # the mixer timed beside this point, at its default options and this point's overrides
+    "latency_vs_ref",  # median over rounds of this forward's time over the reference's on either side of it
+    "latency_vs_ref_iqr",
+    "train_step_vs_ref",  # the same for the training step
+    "train_step_vs_ref_iqr",
     # accuracy (when epochs > 0)
     "train_samples",
     "accuracy",  # top-1 on the held-out split after the last epoch, in [0, 1]

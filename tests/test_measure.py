@@ -134,7 +134,9 @@ def test_a_measured_row_is_complete(mixer: str) -> None:
                       "triton_version", "mamba_ssm_version",  # empty where the package is not installed
                       "load_start", "load_end", "busy_start",  # the sweep's, added when it records the row
                       "predicted_latency_ms", "predicted_peak_mem_mb", "predicted_train_step_ms",
-                      "predicted_train_peak_mem_mb", "predicted_point_s"}  # the planner's, likewise
+                      "predicted_train_peak_mem_mb", "predicted_point_s",  # the planner's, likewise
+                      "paired_reference", "latency_vs_ref", "latency_vs_ref_iqr", "train_step_vs_ref",
+                      "train_step_vs_ref_iqr"}  # asked for by paired_reference (tests/test_paired_timing.py)
     if row["commit"] == "unknown":  # no git repository here (a copy of the tree): its state is unknown too
         expected_empty.add("dirty")
     assert set(unfilled) <= expected_empty

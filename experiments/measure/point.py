@@ -1,6 +1,7 @@
 """One point of a sweep: a configuration to build, measure and (optionally) train."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -45,6 +46,8 @@ class Point:
     lr_stage: str = ""
     lr_source: str = ""  # where the config's lr_by_mixer rate of this mixer was chosen; "" when it has none
     device_peak_tflops: float = 0.0  # the sweep's matmul calibration (experiments/measure/peak.py); 0 = none
+    # a mixer timed beside this point, call for call, after its own measurements (experiments/measure/paired.py)
+    paired_reference: str = ""
 
     @property
     def tokens(self) -> int:
@@ -84,6 +87,19 @@ class Point:
         if self.lr_stage == "seed?":
             return " lr=chosen"
         return f" lr={format_rate(json.loads(self.train)['lr'])}"  # the label ends with the seed already
+
+
+def wants_pairing(point: Point) -> bool:
+    """Whether the point's worker times `paired_reference` beside it (experiments/measure/paired.py)."""
+    return bool(point.paired_reference) and point.paired_reference != point.mixer
+
+
+def reference_point(point: Point) -> Point:
+    """The point with the reference mixer at its default options: the model overrides stay, `mixer_options`
+    (the point's mixer's own) go, as for the reference row that ratios.py divides by."""
+    overrides = json.loads(point.overrides)
+    overrides.pop("mixer_options", None)
+    return dataclasses.replace(point, mixer=point.paired_reference, overrides=canonical_json(overrides))
 
 
 def canonical_json(value: dict) -> str:

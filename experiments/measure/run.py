@@ -11,20 +11,21 @@ import re
 import time
 from pathlib import Path
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 
 import torch
-from torch import nn
 
 from models import ViT, create_vit
 
 from ..schema import MAX_BATCH
 from . import graphed
+from .calls import forward_call, random_images, train_step_calls
 from .compiled import compile_model, compiled_first_call, own_inductor_cache
 from .counting import flop_counter_flops, flop_counter_train_flops, fvcore_macs
 from .memory import MiB, PeakMemory, peak_memory
 from .oom import is_out_of_memory
-from .point import Point
+from .paired import measure_paired
+from .point import Point, reference_point, wants_pairing
 from .provenance import provenance
 from .rates import add_rates
 from .throughput import PROBE_TIMING, at_max_batch
@@ -94,13 +95,8 @@ def measure_inference(model: ViT, point: Point, dtype: torch.dtype, device: torc
     """Latency, throughput and peak memory of one forward at `batch` (default: the point's), timed in the point's
     `timing_mode`; memory is read from an eager call in both modes."""
     batch = batch or point.batch_size
-    model.eval().to(dtype)
-    x = torch.randn(batch, model.in_chans, *model.img_size, device=device, dtype=dtype)
-
-    def forward() -> None:
-        with torch.inference_mode():
-            model(x)
-
+    x = random_images(model, batch, device, dtype)
+    forward = forward_call(model, x)
     compiled_first_call(forward, point, lambda error: is_out_of_memory(error, bool(point.memory_limit_mb)))
     timing = _time_in_mode(forward, point, device)
     memory, note = _memory_after_timing(forward, point, device)
@@ -166,42 +162,17 @@ def _memory_after_timing(call: Callable[[], object], point: Point, device: torch
 
 def measure_train_step(model: ViT, point: Point, dtype: torch.dtype, device: torch.device,
                        batch: int | None = None) -> dict[str, object]:
-    """One optimizer step on random data: fp32 master weights, autocast to `dtype` when it is not float32.
+    """One optimizer step on random data (experiments/measure/calls.py), timed in the point's regime.
 
     Graphed, the step is captured whole (forward, backward, AdamW), as PyTorch's whole-network capture recipe
     does: gradients set to None before capture, so each replay rewrites them. A step that cannot be captured
-    raises `graphed.GraphUnavailable`. On CUDA both regimes step AdamW with `capturable=True` (its step count
-    and bias corrections on the device, a few more small kernels than the host-side default), so eager and
-    graphed rows time the same kernels; elsewhere the foreach AdamW the trainers step
-    (`experiments.train.device_trainer.make_optimizer`), not PyTorch's CPU default, a Python loop over the
-    parameters that charged a mixer for how many tensors its parameters are split into.
+    raises `graphed.GraphUnavailable`.
     """
     batch = batch or point.batch_size
-    is_graphed = point.timing_mode == "graphed"
-    model.train().float()
-    x = torch.randn(batch, model.in_chans, *model.img_size, device=device)
-    y = torch.randint(0, model.num_classes, (batch,), device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                  **({"capturable": True} if device.type == "cuda" else {"foreach": True}))
-
-    def autocast() -> AbstractContextManager:  # a graph cannot hold autocast's weight cache
-        if dtype == torch.float32:
-            return nullcontext()
-        return torch.autocast(device.type, dtype=dtype, cache_enabled=not is_graphed)
-
-    def forward_backward() -> None:
-        with autocast():
-            loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        forward_backward()
-
-    if is_graphed:
-        timing = _time_in_mode(forward_backward, point, device, warmup=step,
-                               before_capture=lambda: optimizer.zero_grad(set_to_none=True))
+    calls = train_step_calls(model, dtype, device, batch, graphed=point.timing_mode == "graphed")
+    step = calls.step
+    if point.timing_mode == "graphed":
+        timing = _time_in_mode(calls.forward_backward, point, device, warmup=step, before_capture=calls.zero_grad)
     else:
         # training mode compiles a graph of its own (forward and backward)
         compiled_first_call(step, point, lambda error: is_out_of_memory(error, bool(point.memory_limit_mb)))
@@ -305,6 +276,20 @@ def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: tor
         return f"{type(error).__name__}: {error}".splitlines()[0][:400]
 
 
+def _paired_or_note(timed: ViT, point: Point, dtype: torch.dtype, device: torch.device, row: dict) -> None:
+    """The point's timings over the reference mixer's, timed alternately (experiments/measure/paired.py), into
+    `row`; where that fails (the reference's compile, memory), the row keeps its own timings and says why."""
+    try:
+        torch.manual_seed(point.seed)
+        reference = build_model(reference_point(point))
+        _merge_result(row, measure_paired(timed, reference, point, dtype, device, row))
+    except Exception as error:  # noqa: BLE001 - the point's own measurements stand
+        first = f"{type(error).__name__}: {error}".strip().splitlines()[0][:300]
+        row["error"] = "; ".join(filter(None, [row["error"], f"paired timing beside {point.paired_reference}: "
+                                                             f"{first}"]))
+        _free(device)
+
+
 def _merge_result(row: dict, result: dict[str, object]) -> None:
     """Puts a measurement's columns into `row`, its note (if any) after the notes already there."""
     result = dict(result)
@@ -392,6 +377,8 @@ def _measure_point(point: Point) -> dict[str, object]:
                 row["train_status"], row["error"] = "oom", f"train step: {train_oom}"
                 _free(device)
         _count_fvcore_or_note(model, device, row, bool(point.memory_limit_mb))
+        if wants_pairing(point):
+            _paired_or_note(timed, point, dtype, device, row)
         in_chans, num_classes = model.in_chans, model.num_classes
         del model
         if point.epochs > 0:

@@ -143,3 +143,56 @@ def time_call(fn: Callable[[], object], device: torch.device, protocol: TimingPr
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# A paired measurement (time_paired): each round times a block of the subject between two blocks of the reference;
+# a block is one untimed call (the other model ran just before) and BLOCK_SAMPLES timed samples.
+BLOCK_SAMPLES = 3
+MIN_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class PairedTiming:
+    ratio: float  # median over rounds of the subject block's median over the mean of the reference blocks around it
+    ratio_iqr: float
+    rounds: int
+
+
+def time_paired(subject: Callable[[], object], reference: Callable[[], object], device: torch.device,
+                protocol: TimingProtocol, clock: HostClock | CudaEventClock | None = None) -> PairedTiming:
+    """`subject`'s time as a multiple of `reference`'s, the two timed in alternating blocks a few calls long.
+
+    A machine whose speed drifts over minutes (a shared VM: up to a third here) moves two rows timed apart, but
+    hardly a ratio whose parts ran seconds apart: the reference is timed before and after each subject block, and
+    the ratio is taken per round. Rounds run until `protocol.min_repeats` (at least MIN_ROUNDS) and
+    `protocol.min_time_s` of timed time are both reached, or `protocol.max_repeats`. Samples are taken as
+    `time_call` takes them: one synchronised call on the host clock, or k back-to-back calls between CUDA events
+    (k chosen once per call from its first block).
+    """
+    if clock is None:
+        clock = CudaEventClock() if device.type == "cuda" else HostClock(device)
+    block = TimingProtocol(warmup=1, min_repeats=BLOCK_SAMPLES, max_repeats=BLOCK_SAMPLES, min_time_s=0.0,
+                           min_sample_ms=protocol.min_sample_ms, max_calls_per_sample=protocol.max_calls_per_sample)
+    for _ in range(protocol.warmup):
+        reference()
+        subject()
+    calls: dict[int, int | None] = {id(subject): 1, id(reference): 1} if device.type != "cuda" else {}
+
+    def block_ms(fn: Callable[[], object]) -> float:
+        timing = time_back_to_back(fn, clock, block, calls.get(id(fn)))
+        calls[id(fn)] = timing.calls_per_sample
+        return timing.median_ms
+
+    ratios: list[float] = []
+    timed_s = 0.0
+    before = block_ms(reference)
+    while len(ratios) < protocol.max_repeats and (
+        len(ratios) < max(MIN_ROUNDS, protocol.min_repeats) or timed_s < protocol.min_time_s
+    ):
+        subject_ms = block_ms(subject)
+        after = block_ms(reference)
+        ratios.append(subject_ms / ((before + after) / 2))
+        timed_s += BLOCK_SAMPLES * (subject_ms + after) / 1e3
+        before = after
+    q1, q3 = _quartiles(ratios)
+    return PairedTiming(ratio=statistics.median(ratios), ratio_iqr=q3 - q1, rounds=len(ratios))

@@ -44,7 +44,7 @@ from .stats import INTERVAL_NOTE
 from .tables_convergence import convergence_tables, reach_bucket_tables
 from .plots_cost import patch_figures, wall_figures
 from .plan_accuracy import plan_accuracy_summary, plan_accuracy_tables, predicted_rows
-from .ratios import ratio_tables
+from .ratios import ratio_notes, ratio_tables
 from .identity import keep_rows
 from .legacy_rows import reread
 from .plots_mfu import mfu_figures
@@ -61,7 +61,7 @@ TEXT_COLUMNS: frozenset[str] = frozenset({
     "mixer", "preset", "overrides", "device", "dtype", "dataset", "train", "compile", "impl", "status", "error",
     "accuracy_by_bucket", "lr_stage", "lr_source", "trainer", "converged", "stop_reason",
     "train_status", "memory_method", "commit", "dirty", "torch_version", "cuda_version", "device_name",
-    "python_version", "timestamp", "timing_mode", "triton_version", "mamba_ssm_version",
+    "python_version", "timestamp", "timing_mode", "triton_version", "mamba_ssm_version", "paired_reference",
 })
 
 # Numeric columns that place a point: a row without them is unusable.
@@ -238,7 +238,8 @@ def _write_outputs(
     tables += report_tables.write_table(*crossover_frames, tables_dir / "crossovers", TABLE_CAPTIONS["crossovers"])
     ratios = ratio_tables(runs)
     if not ratios[0].empty:
-        tables += report_tables.write_table(*ratios, tables_dir / "ratios", TABLE_CAPTIONS["ratios"])
+        tables += report_tables.write_table(*ratios, tables_dir / "ratios", TABLE_CAPTIONS["ratios"],
+                                            ratio_notes(ratios[0]))
     trained = accuracy_rows(runs)
     if not trained.empty:
         tables += report_tables.write_table(*report_tables.accuracy_tables(runs), tables_dir / "accuracy",

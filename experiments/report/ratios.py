@@ -5,6 +5,10 @@ A point's reference is attention measured with the same cost keys (preset, size,
 compile, timing mode) and the same model overrides; only the mixer and its own options (`mixer_options`) differ,
 so mamba parameter-matched to attention is a row of its own against attention at attention's options. Compiled rows
 are compared with compiled attention, eager with eager.
+
+Where the sweep timed attention beside each point (`paired_reference = "attention"`, experiments/measure/paired.py),
+the ratio is that paired one: the two timed call for call, seconds apart, so a machine's drift between the two rows
+does not enter it. The ratio of the two rows is kept beside it (`<metric>_ratio_apart`).
 """
 from __future__ import annotations
 
@@ -48,12 +52,15 @@ def ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     Returns:
         Long format: the cost keys that vary (besides the mixer and overrides), `mixer`, `options` (its
         `mixer_options`, "" at the defaults), `tokens`, and per metric of `RATIO_METRICS` that was measured the
-        mixer's value, attention's and `<metric>_ratio`; empty where attention did not run.
+        mixer's value, attention's, `<metric>_ratio` (timed beside attention where the row was, else the ratio
+        of the two rows) and `<metric>_ratio_apart` (the ratio of the two rows), then `paired` (whether the
+        ratios are the paired ones); empty where attention did not run.
     """
     metrics = [m for m in RATIO_METRICS if m in runs.columns and runs[m].notna().any()]
     if not metrics or REFERENCE not in set(runs["mixer"]):
         return pd.DataFrame()
-    points = cost_points(runs, metrics)
+    runs, paired = _paired_to_reference(runs, metrics)
+    points = cost_points(runs, metrics + paired)
     points = points[points["status"] == "ok"].copy()
     points["model_overrides"] = points["overrides"].map(model_overrides)
     points["options"] = points["overrides"].map(mixer_options)
@@ -64,13 +71,37 @@ def ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     reference = reference[match + metrics].drop_duplicates(match)
     others = points[points["mixer"] != REFERENCE]
     merged = others.merge(reference, on=match, suffixes=("", "_ref"))
+    merged["paired"] = False
     for metric in metrics:
-        merged[f"{metric}_ratio"] = merged[metric] / merged[f"{metric}_ref"]
+        apart = merged[metric] / merged[f"{metric}_ref"]
+        column = paired_column(metric)
+        beside = merged[column] if column in paired else pd.Series(math.nan, index=merged.index)
+        merged[f"{metric}_ratio"] = beside.where(beside.notna(), apart)
+        merged[f"{metric}_ratio_apart"] = apart
+        merged["paired"] |= beside.notna()
     keys = [k for k in varying_keys(runs, COST_KEYS) if k not in ("mixer", "overrides", "img_size")]
     merged["_rank"] = merged["mixer"].map(mixer_rank)
     merged = merged.sort_values(keys + ["_rank", "options", "tokens"], ignore_index=True)
-    value_columns = [c for m in metrics for c in (m, f"{m}_ref", f"{m}_ratio")]
-    return merged[keys + ["mixer", "options", "tokens"] + value_columns]
+    value_columns = [c for m in metrics for c in (m, f"{m}_ref", f"{m}_ratio", f"{m}_ratio_apart")]
+    return merged[keys + ["mixer", "options", "tokens"] + value_columns + ["paired"]]
+
+
+def paired_column(metric: str) -> str:
+    """The row's column of `metric` over the reference's timed beside it: latency_ms -> latency_vs_ref."""
+    return metric.removesuffix("_ms") + "_vs_ref"
+
+
+def _paired_to_reference(runs: pd.DataFrame, metrics: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """`runs` with the paired columns of `metrics` kept only where attention was the one timed beside the point,
+    and the names of those columns that hold a value."""
+    columns = [paired_column(m) for m in metrics if paired_column(m) in runs.columns]
+    if not columns or "paired_reference" not in runs.columns:
+        return runs, []
+    runs = runs.copy()
+    beside_attention = runs["paired_reference"].astype(str) == REFERENCE
+    for column in columns:
+        runs[column] = pd.to_numeric(runs[column], errors="coerce").where(beside_attention)
+    return runs, [c for c in columns if runs[c].notna().any()]
 
 
 def ratio_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -83,7 +114,7 @@ def ratio_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     numeric = ratio_table(runs)
     if numeric.empty:
         return numeric, pd.DataFrame()
-    rows = [c for c in numeric.columns if c not in ("tokens",) and not c.startswith(tuple(RATIO_METRICS))]
+    rows = [c for c in numeric.columns if c not in ("tokens", "paired") and not c.startswith(tuple(RATIO_METRICS))]
     if "patch_size" in rows and numeric.groupby("tokens")["patch_size"].nunique().max() <= 1:
         rows.remove("patch_size")
     blank = {"compile": "eager", "options": "defaults"}
@@ -101,3 +132,20 @@ def ratio_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     display = display.reindex(columns=rows + [c for c in columns if c in display.columns]).fillna("–")
     display = display.rename(columns={c: c.replace("_", " ").capitalize() for c in rows})
     return numeric, display
+
+
+def ratio_notes(numeric: pd.DataFrame) -> tuple[str, ...]:
+    """What the ratios of `ratio_table` divide: timings taken side by side, or two rows taken apart."""
+    paired = int(numeric["paired"].sum()) if "paired" in numeric else 0
+    apart = len(numeric) - paired
+    notes = []
+    if paired:
+        notes.append(f"{'All' if not apart else paired} of the {len(numeric)} rows' ratios were timed beside "
+                     f"{REFERENCE}, call for call in alternating blocks (paired_reference): the machine's drift "
+                     "between two rows does not enter them; ratios.csv keeps the ratio of the two rows "
+                     "(*_ratio_apart).")
+    if apart:
+        notes.append(f"{'All' if not paired else apart} of the {len(numeric)} rows' ratios divide two rows timed "
+                     "apart (minutes apart in a sweep), which a machine whose speed drifts moves; a sweep with "
+                     f"--paired-reference {REFERENCE} times the two side by side.")
+    return tuple(notes)

@@ -45,7 +45,8 @@ which runs a flag changes (--dry-run prints, per run, what it does, its points a
       its runs; cost only unless --epochs N (N > 0, with --dataset) asks it to train; into results/local/custom/
       unless --out says otherwise
   with --config X (or no grid flag, on the default config):
-      grid flags and --device, --dtype, --timeout-s, --memory-limit-mb, --num-threads, --compile: every run
+      grid flags and --device, --dtype, --timeout-s, --memory-limit-mb, --num-threads, --compile,
+      --paired-reference: every run
       --epochs, --dataset, --data-dir, --data-path, --seeds, --parallel: the runs that train (every run if none
       trains)
       --out, --launcher: the sweep
@@ -79,6 +80,9 @@ _FIELD_FLAGS = {
                      "threads (set it, e.g. 1); cost points still run one at a time, so their timings stay quiet"),
     "compile": dict(metavar="MODE", help="time a torch.compile'd model (default, max-autotune, ...); none: eager; "
                     "a separate key, so compiled rows sit beside eager ones"),
+    "paired_reference": dict(metavar="MIXER", help="time this mixer (e.g. attention) beside every other point, call "
+                             "for call, after the point's own timings: the rows' *_vs_ref columns, ratios a drifting "
+                             "machine does not move (eager and compiled timing only)"),
     "launcher": dict(choices=["local", "submitit"], help="local: one isolated process per point; submitit: a job per point"),
     "out": dict(metavar="DIR", help="results folder (default: results/local/<config name>; committed references live in results/<config name>)"),
 }

@@ -12,7 +12,7 @@ What command-line flags do (`apply_flags`, printed per run by `--dry-run`):
   `--dataset`) asks it to train. Its folder is results/local/custom/ unless `--out` says otherwise.
 - With `--config X` (or with no grid flag, on the default config), flags change the config's runs:
   - grid flags and how-to-measure flags (`--device`, `--dtype`, `--timeout-s`, `--memory-limit-mb`,
-    `--num-threads`, `--compile`) apply to every run, replacing what a run sets itself;
+    `--num-threads`, `--compile`, `--paired-reference`) apply to every run, replacing what a run sets itself;
   - training flags (`--epochs`, `--dataset`, `--data-dir`, `--data-path`, `--seeds`, `--parallel`) apply to the
     runs that train (epochs > 0 in the file), so `--epochs 2` shortens the training and leaves the cost runs cost runs;
     in a config where nothing trains they apply to every run (a cost config asked to train);
@@ -88,6 +88,9 @@ class SweepConfig:
     # at a time, so their timings stay quiet; a training row's latency is then read beside another training.
     parallel: int = 1
     compile: str = ""  # torch.compile mode for the timed model; "" or "none": eager
+    # A mixer (e.g. "attention") timed beside every other point, call for call, so each row's ratio to it holds on
+    # a machine whose speed drifts (experiments/measure/paired.py); "": none. Eager and compiled timing only.
+    paired_reference: str = ""
     timing_modes: tuple[str, ...] = ("eager",)  # eager and/or graphed (CUDA graph replay), a key like compile
     launcher: str = "local"
     overrides: dict = field(default_factory=dict)  # {"*" or mixer: {ViT field or "mixer_options": value}}
@@ -185,6 +188,9 @@ class SweepConfig:
         unknown = [m for m in mixers if m not in available_mixers]
         if unknown:
             raise ConfigError(f"mixers: unknown mixer(s) {', '.join(unknown)}; registered: {', '.join(available_mixers)}")
+        if self.paired_reference and self.paired_reference not in available_mixers:
+            raise ConfigError(f"paired_reference: unknown mixer {self.paired_reference!r}; registered: "
+                              f"{', '.join(available_mixers)}")
         bad = [(i, p) for i, p in itertools.product(self.img_sizes, self.patch_sizes) if i % p]
         if bad:
             pairs = ", ".join(f"{i}px/patch {p}" for i, p in bad)
@@ -204,7 +210,7 @@ class SweepConfig:
                 data_path=self.data_path, train=train,
                 timeout_s=self.timeout_s, compile="" if self.compile == "none" else self.compile, lr_stage=stage,
                 lr_source=self.lr_source if self.epochs and mixer in self.lr_by_mixer else "",
-                timing_mode=mode,
+                timing_mode=mode, paired_reference=self.paired_reference,
             )
             for mixer in mixers
             for preset, img, patch, batch, (seed, train, stage), mode in itertools.product(
@@ -450,6 +456,9 @@ def check_fields(config: SweepConfig, where: str) -> None:
     if not config.timing_modes or set(config.timing_modes) - set(TIMING_MODES):
         raise ConfigError(f"{prefix}timing_modes must list one or more of {', '.join(TIMING_MODES)}, got "
                           f"{list(config.timing_modes)}")
+    if config.paired_reference and "graphed" in config.timing_modes:
+        raise ConfigError(f"{prefix}paired_reference times eager and compiled calls, not CUDA graph replays: drop "
+                          "\"graphed\" from timing_modes or the reference")
     if config.epochs < 0:
         raise ConfigError(f"{prefix}epochs must be >= 0, got {config.epochs}")
     if not (math.isfinite(config.timeout_s) and config.timeout_s >= 0):

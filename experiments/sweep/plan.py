@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..measure.point import Point, point_group
+from ..measure.point import Point, point_group, reference_point, wants_pairing
 from ..measure.throughput import PROBE_TIMING
-from ..measure.timing import TimingProtocol
+from ..measure.timing import BLOCK_SAMPLES, MIN_ROUNDS, TimingProtocol
 from ..schema import MAX_BATCH
 from .costmodel import ELEM_BYTES, MiB, CostModel, _number, point_from_row, work
 from .runs_file import RunsFileError, latest_by_key, read_rows
@@ -74,6 +74,16 @@ def protocol_seconds(ms: float, protocol: TimingProtocol) -> float:
     t = max(ms, 1e-6) / 1e3
     repeats = min(max(protocol.min_repeats, math.ceil(protocol.min_time_s / t)), protocol.max_repeats)
     return (protocol.warmup + repeats + 1) * t
+
+
+def paired_seconds(ms: float, reference_ms: float, protocol: TimingProtocol) -> float:
+    """Seconds `time_paired` spends on a call of `ms` beside a reference call of `reference_ms` (without the
+    reference's compile): the protocol's warm-up, a first block of the reference, then its rounds."""
+    s, r = max(ms, 1e-6) / 1e3, max(reference_ms, 1e-6) / 1e3
+    block = BLOCK_SAMPLES + 1  # one untimed call per block
+    rounds = min(max(MIN_ROUNDS, protocol.min_repeats, math.ceil(protocol.min_time_s / (BLOCK_SAMPLES * (s + r)))),
+                 protocol.max_repeats)
+    return protocol.warmup * (s + r) + block * r + rounds * block * (s + r)
 
 
 def resident_mb(point: Point, batch: int, training: bool) -> float:
@@ -298,12 +308,18 @@ class Planner:
         if latency is None or overhead is None or search is None:
             return None
         seconds = self.gap_s + overhead + search + protocol_seconds(latency, point.timing)
+        if wants_pairing(point):
+            beside = self.model.predict(reference_point(infer), "latency_ms")
+            seconds += 0.0 if beside is None else paired_seconds(latency, beside, point.timing)
         if train is not None:
             step = self.model.predict(train, "train_step_ms")
             search = self._search_s(point, train, "train_step_ms")
             if step is None or search is None:
                 return None
             seconds += search + protocol_seconds(step, point.timing)
+            if wants_pairing(point):
+                beside = self.model.predict(reference_point(train), "train_step_ms")
+                seconds += 0.0 if beside is None else paired_seconds(step, beside, point.timing)
         return seconds
 
     def _train_base_s(self, point: Point, used: int | None = None) -> float | None:
