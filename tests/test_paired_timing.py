@@ -158,3 +158,11 @@ def test_ratio_table_ignores_a_pairing_with_another_mixer() -> None:
     table = ratio_table(_paired(runs, "attention_naive"))
     assert not table["paired"].any()
     assert table["latency_ms_ratio"].tolist() == pytest.approx(ratio_table(runs)["latency_ms_ratio"].tolist())
+
+
+def test_a_row_with_one_ratio_paired_and_one_apart_is_not_called_paired() -> None:
+    runs = _paired(synthetic_runs(), "attention")
+    runs["train_step_vs_ref"] = math.nan  # the training step was not paired (it ran out of memory, say)
+    table = ratio_table(runs)
+    assert (table["latency_ms_ratio"] == 7.0).all() and not table["paired"].any()
+    assert table["train_step_ms_ratio"].tolist() == pytest.approx(table["train_step_ms_ratio_apart"].tolist())

@@ -53,8 +53,8 @@ def ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
         Long format: the cost keys that vary (besides the mixer and overrides), `mixer`, `options` (its
         `mixer_options`, "" at the defaults), `tokens`, and per metric of `RATIO_METRICS` that was measured the
         mixer's value, attention's, `<metric>_ratio` (timed beside attention where the row was, else the ratio
-        of the two rows) and `<metric>_ratio_apart` (the ratio of the two rows), then `paired` (whether the
-        ratios are the paired ones); empty where attention did not run.
+        of the two rows) and `<metric>_ratio_apart` (the ratio of the two rows), then `paired` (whether every
+        ratio of the row is a paired one); empty where attention did not run.
     """
     metrics = [m for m in RATIO_METRICS if m in runs.columns and runs[m].notna().any()]
     if not metrics or REFERENCE not in set(runs["mixer"]):
@@ -71,14 +71,15 @@ def ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     reference = reference[match + metrics].drop_duplicates(match)
     others = points[points["mixer"] != REFERENCE]
     merged = others.merge(reference, on=match, suffixes=("", "_ref"))
-    merged["paired"] = False
+    some_beside = some_apart = pd.Series(False, index=merged.index)
     for metric in metrics:
         apart = merged[metric] / merged[f"{metric}_ref"]
         column = paired_column(metric)
         beside = merged[column] if column in paired else pd.Series(math.nan, index=merged.index)
         merged[f"{metric}_ratio"] = beside.where(beside.notna(), apart)
         merged[f"{metric}_ratio_apart"] = apart
-        merged["paired"] |= beside.notna()
+        some_beside, some_apart = some_beside | beside.notna(), some_apart | (beside.isna() & apart.notna())
+    merged["paired"] = some_beside & ~some_apart  # every ratio of the row taken side by side
     keys = [k for k in varying_keys(runs, COST_KEYS) if k not in ("mixer", "overrides", "img_size")]
     merged["_rank"] = merged["mixer"].map(mixer_rank)
     merged = merged.sort_values(keys + ["_rank", "options", "tokens"], ignore_index=True)
