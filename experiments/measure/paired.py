@@ -2,11 +2,12 @@
 speed drifts.
 
 Rows time each point alone, and a ratio between two rows (experiments/report/ratios.py) divides timings taken
-minutes apart: on a shared VM the same code's step moved by up to a third within a sweep. With `paired_reference`
-in the config, a point's worker, after its own measurements, also builds the reference mixer's model at the same
-point (the reference's default options, the same model overrides, compiled alike) and times the two in
-alternating blocks (`timing.time_paired`), for the forward at the row's inference batch and the training step at
-its training batch. The row's own latency and step stay those timed alone, as in every other row.
+minutes apart: on a shared VM the same code's step moved between two rows of one sweep by more than the
+differences measured (results/cpu_train_micro_xeon at 7537f99). With `paired_reference` in the config, a point's
+worker, after its own measurements, also builds the reference mixer's model at the same point (the reference's
+default options, the same model overrides, compiled alike) and times the two in alternating blocks
+(`timing.time_paired`), for the forward at the row's inference batch and the training step at its training batch.
+The row's own latency and step stay those timed alone, as in every other row.
 """
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ def time_paired(subject: Callable[[], object], reference: Callable[[], object], 
                 protocol: TimingProtocol, clock: HostClock | CudaEventClock | None = None) -> PairedTiming:
     """`subject`'s time as a multiple of `reference`'s, the two timed in alternating blocks a few calls long.
 
-    A machine whose speed drifts over minutes (a shared VM: up to a third here) moves two rows timed apart, but
+    A machine whose speed drifts over minutes (a shared VM) moves two rows timed apart, but
     hardly a ratio whose parts ran seconds apart: the reference is timed before and after each subject block, and
     the ratio is taken per round. Rounds run until `protocol.min_repeats` (at least MIN_ROUNDS) and
     `protocol.min_time_s` of timed time are both reached, or `protocol.max_repeats`. Samples are taken as
