@@ -273,7 +273,7 @@ def _train_step_or_oom(model: ViT, point: Point, dtype: torch.dtype, device: tor
     except Exception as error:  # noqa: BLE001
         if not is_out_of_memory(error, bool(point.memory_limit_mb)):
             raise
-        return f"{type(error).__name__}: {error}".splitlines()[0][:400]
+        return _first_line(error, 400)
 
 
 def _paired_or_note(timed: ViT, point: Point, dtype: torch.dtype, device: torch.device, row: dict) -> None:
@@ -284,10 +284,13 @@ def _paired_or_note(timed: ViT, point: Point, dtype: torch.dtype, device: torch.
         reference = build_model(reference_point(point))
         _merge_result(row, measure_paired(timed, reference, point, dtype, device, row))
     except Exception as error:  # noqa: BLE001 - the point's own measurements stand
-        first = f"{type(error).__name__}: {error}".strip().splitlines()[0][:300]
-        row["error"] = "; ".join(filter(None, [row["error"], f"paired timing beside {point.paired_reference}: "
-                                                             f"{first}"]))
+        _merge_result(row, {NOTE: f"paired timing beside {point.paired_reference}: {_first_line(error, 300)}"})
         _free(device)
+
+
+def _first_line(error: BaseException, limit: int) -> str:
+    """`Type: message` of `error`, its first line, at most `limit` characters: what a row's `error` holds."""
+    return f"{type(error).__name__}: {error}".splitlines()[0][:limit]
 
 
 def _merge_result(row: dict, result: dict[str, object]) -> None:
@@ -387,7 +390,7 @@ def _measure_point(point: Point) -> dict[str, object]:
             row.update(train_point(point, device, dtype, flops))
     except Exception as error:  # noqa: BLE001 - any failure of this point is recorded, never raised
         row["status"] = "oom" if is_out_of_memory(error, bool(point.memory_limit_mb)) else "error"
-        row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+        row["error"] = _first_line(error, 500)
     if "macs_analytic" in row:  # known even past the memory wall, so cost curves continue there
         row["gmacs"] = row["macs_analytic"] / 1e9
         row["gflops"] = 2 * row["gmacs"]

@@ -176,11 +176,13 @@ def time_paired(subject: Callable[[], object], reference: Callable[[], object], 
     for _ in range(protocol.warmup):
         reference()
         subject()
-    calls: dict[int, int | None] = {id(subject): 1, id(reference): 1} if device.type != "cuda" else {}
+    # calls per sample: one on the host clock; on a GPU chosen by each call's first block, then kept
+    per_sample: dict[Callable[[], object], int | None] = dict.fromkeys(
+        (subject, reference), None if device.type == "cuda" else 1)
 
     def block_ms(fn: Callable[[], object]) -> float:
-        timing = time_back_to_back(fn, clock, block, calls.get(id(fn)))
-        calls[id(fn)] = timing.calls_per_sample
+        timing = time_back_to_back(fn, clock, block, per_sample[fn])
+        per_sample[fn] = timing.calls_per_sample
         return timing.median_ms
 
     ratios: list[float] = []
