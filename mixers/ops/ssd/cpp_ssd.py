@@ -9,10 +9,10 @@ parts summed: direction 0's output one token later plus direction 1's one token 
 buffers the loop writes and reads (`_shifted`): in PyTorch, added in place into slices, their backward copied and
 zero-filled slices a dozen times. SSD is the gated recurrence with one decay per head (a gate of width 1) and B and
 C shared by the heads (passed with a head stride of 0, never copied per head): keys b, queries c, values x, scale
-1. Where the chunked form runs
-tens of PyTorch ops per call, most of mamba2's time at the micro preset, this runs one loop per (direction,
-sequence, head). `chunk_size` is not used by the loop: the counters charge the chunked form's MACs
-(`chunk_ssd_macs`) at that chunk size, so the mixer's MACs are one number whichever implementation runs.
+one. Where the chunked form runs tens of PyTorch ops per call, most of mamba2's time at the micro preset, this runs
+one loop per (direction, sequence, head). `chunk_size` is not used by the loop: the counters charge the chunked
+form's MACs (`chunk_ssd_macs`) at that chunk size, so the mixer's MACs are one number whichever implementation
+runs.
 """
 from __future__ import annotations
 
