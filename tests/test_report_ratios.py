@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from experiments.report.ratios import mixer_options, model_overrides, ratio_table, ratio_tables
+from experiments.report.ratios import mixer_options, model_overrides, ratio_notes, ratio_table, ratio_tables
 from test_report import POWER_LAWS, synthetic_runs
 
 
@@ -20,6 +20,21 @@ def test_ratio_is_the_mixer_over_attention_at_each_point() -> None:
     assert rows["latency_ms_ratio"].tolist() == pytest.approx(expected)
     assert rows["train_step_ms_ratio"].tolist() == pytest.approx(expected)  # both steps are 3x the latency
     assert "attention" not in set(table["mixer"])
+
+
+def test_macs_ratio_is_counted_beside_the_timed_ones_and_never_marks_a_row_unpaired() -> None:
+    table = ratio_table(synthetic_runs())
+    rows = table[(table["mixer"] == "mamba") & (table["patch_size"] == 16)]
+    (mac_m, exp_m), (mac_a, exp_a) = POWER_LAWS["mamba"][2], POWER_LAWS["attention"][2]
+    expected = [mac_m * n**exp_m / (mac_a * n**exp_a) for n in rows["tokens"]]
+    assert rows["gmacs_ratio"].tolist() == pytest.approx(expected)
+    assert "gmacs_ratio_apart" not in table.columns  # counted, not timed: nothing to pair
+    notes = ratio_notes(table)
+    assert notes[0].startswith("MACs ×") and "timed apart" in notes[-1]
+    display = ratio_tables(synthetic_runs())[1]
+    macs = [c for c in display.columns if c.startswith("MACs ×, N=")]
+    assert macs and display.columns.get_loc(macs[-1]) < display.columns.get_loc(
+        next(c for c in display.columns if c.startswith("latency ×")))
 
 
 def test_mixer_options_make_a_row_of_their_own_against_attention_at_its_defaults() -> None:

@@ -6,6 +6,10 @@ compile, timing mode) and the same model overrides; only the mixer and its own o
 so mamba parameter-matched to attention is a row of its own against attention at attention's options. Compiled rows
 are compared with compiled attention, eager with eager.
 
+Beside the timed ratios, the ratio of the model's forward MACs per image (`gmacs`, counted, so exact): what the
+arithmetic alone predicts, so a timed ratio far above it is the implementation's (or the work MACs do not count),
+not the mixer's.
+
 Where the sweep timed attention beside each point (`paired_reference = "attention"`, experiments/measure/paired.py),
 the ratio is that paired one: the two timed call for call, seconds apart, so a machine's drift between the two rows
 does not enter it. The ratio of the two rows is kept beside it (`<metric>_ratio_apart`).
@@ -22,8 +26,10 @@ from .mixer_order import mixer_rank
 from .point_keys import json_object
 
 REFERENCE = "attention"
-# Cost column, label in the display.
-RATIO_METRICS: dict[str, str] = {"latency_ms": "latency", "train_step_ms": "train step"}
+# Cost column, label in the display: the counted one first (what the arithmetic predicts), then the timed ones.
+RATIO_METRICS: dict[str, str] = {"gmacs": "MACs", "latency_ms": "latency", "train_step_ms": "train step"}
+# Those a sweep times, and may time beside attention (paired); the others are counted, the same at every run.
+TIMED_METRICS = ("latency_ms", "train_step_ms")
 
 
 def _parsed(overrides: object) -> dict | None:
@@ -52,14 +58,16 @@ def ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     Returns:
         Long format: the cost keys that vary (besides the mixer and overrides), `mixer`, `options` (its
         `mixer_options`, "" at the defaults), `tokens`, and per metric of `RATIO_METRICS` that was measured the
-        mixer's value, attention's, `<metric>_ratio` (timed beside attention where the row was, else the ratio
-        of the two rows) and `<metric>_ratio_apart` (the ratio of the two rows), then `paired` (whether every
-        ratio of the row is a paired one); empty where attention did not run.
+        mixer's value, attention's and `<metric>_ratio`; for a timed metric (`TIMED_METRICS`) the ratio is the
+        one timed beside attention where the row was, else the ratio of the two rows, and `<metric>_ratio_apart`
+        (the ratio of the two rows) follows; then `paired` (whether every timed ratio of the row is a paired one);
+        empty where attention did not run or nothing was timed.
     """
     metrics = [m for m in RATIO_METRICS if m in runs.columns and runs[m].notna().any()]
-    if not metrics or REFERENCE not in set(runs["mixer"]):
+    timed = [m for m in metrics if m in TIMED_METRICS]
+    if not timed or REFERENCE not in set(runs["mixer"]):
         return pd.DataFrame()
-    runs, paired = _paired_to_reference(runs, metrics)
+    runs, paired = _paired_to_reference(runs, timed)
     points = cost_points(runs, metrics + paired)
     points = points[points["status"] == "ok"].copy()
     points["model_overrides"] = points["overrides"].map(model_overrides)
@@ -74,16 +82,20 @@ def ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     some_beside = some_apart = pd.Series(False, index=merged.index)
     for metric in metrics:
         apart = merged[metric] / merged[f"{metric}_ref"]
+        if metric not in timed:
+            merged[f"{metric}_ratio"] = apart
+            continue
         column = paired_column(metric)
         beside = merged[column] if column in paired else pd.Series(math.nan, index=merged.index)
         merged[f"{metric}_ratio"] = beside.where(beside.notna(), apart)
         merged[f"{metric}_ratio_apart"] = apart
         some_beside, some_apart = some_beside | beside.notna(), some_apart | (beside.isna() & apart.notna())
-    merged["paired"] = some_beside & ~some_apart  # every ratio of the row taken side by side
+    merged["paired"] = some_beside & ~some_apart  # every timed ratio of the row taken side by side
     keys = [k for k in varying_keys(runs, COST_KEYS) if k not in ("mixer", "overrides", "img_size")]
     merged["_rank"] = merged["mixer"].map(mixer_rank)
     merged = merged.sort_values(keys + ["_rank", "options", "tokens"], ignore_index=True)
-    value_columns = [c for m in metrics for c in (m, f"{m}_ref", f"{m}_ratio", f"{m}_ratio_apart")]
+    value_columns = [c for m in metrics for c in (m, f"{m}_ref", f"{m}_ratio")
+                     + ((f"{m}_ratio_apart",) if m in timed else ())]
     return merged[keys + ["mixer", "options", "tokens"] + value_columns + ["paired"]]
 
 
@@ -136,17 +148,21 @@ def ratio_tables(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def ratio_notes(numeric: pd.DataFrame) -> tuple[str, ...]:
-    """What the ratios of `ratio_table` divide: timings taken side by side, or two rows taken apart."""
+    """What the ratios of `ratio_table` divide: MACs counted, timings taken side by side or two rows taken apart."""
     paired = int(numeric["paired"].sum()) if "paired" in numeric else 0
     apart = len(numeric) - paired
     notes = []
+    if "gmacs_ratio" in numeric and numeric["gmacs_ratio"].notna().any():
+        notes.append("MACs ×: the whole model's forward multiply-accumulates per image over attention's, counted "
+                     "(gmacs): the ratio the arithmetic alone predicts. A timed ratio well above it is time spent "
+                     "outside that arithmetic (element-wise work, per-op overhead, memory traffic).")
     if paired:
-        notes.append(f"{'All' if not apart else paired} of the {len(numeric)} rows' ratios were timed beside "
+        notes.append(f"{'All' if not apart else paired} of the {len(numeric)} rows' timed ratios were timed beside "
                      f"{REFERENCE}, call for call in alternating blocks (paired_reference): the machine's drift "
                      "between two rows does not enter them; ratios.csv keeps the ratio of the two rows "
                      "(*_ratio_apart).")
     if apart:
-        notes.append(f"{'All' if not paired else apart} of the {len(numeric)} rows' ratios divide two rows timed "
-                     "apart (minutes apart in a sweep), which a machine whose speed drifts moves; a sweep with "
-                     f"--paired-reference {REFERENCE} times the two side by side.")
+        notes.append(f"{'All' if not paired else apart} of the {len(numeric)} rows' timed ratios divide two rows "
+                     "timed apart (minutes apart in a sweep), which a machine whose speed drifts moves; a sweep "
+                     f"with --paired-reference {REFERENCE} times the two side by side.")
     return tuple(notes)
