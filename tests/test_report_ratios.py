@@ -22,7 +22,7 @@ def test_ratio_is_the_mixer_over_attention_at_each_point() -> None:
     assert "attention" not in set(table["mixer"])
 
 
-def test_macs_ratio_is_counted_beside_the_timed_ones_and_never_marks_a_row_unpaired() -> None:
+def test_macs_ratio_is_counted_beside_the_timed_ones_and_shown_first() -> None:
     table = ratio_table(synthetic_runs())
     rows = table[(table["mixer"] == "mamba") & (table["patch_size"] == 16)]
     (mac_m, exp_m), (mac_a, exp_a) = POWER_LAWS["mamba"][2], POWER_LAWS["attention"][2]
