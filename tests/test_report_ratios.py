@@ -12,11 +12,16 @@ def _ok(runs: pd.DataFrame, mixer: str, patch: int = 16) -> pd.DataFrame:
     return runs[(runs["mixer"] == mixer) & (runs["status"] == "ok") & (runs["patch_size"] == patch)]
 
 
+def _mamba_over_attention(law: int, tokens: pd.Series) -> list[float]:
+    """mamba's cost over attention's at each N from the synthetic rows' power laws (law 0: latency, 2: GMACs)."""
+    (coef_m, exp_m), (coef_a, exp_a) = POWER_LAWS["mamba"][law], POWER_LAWS["attention"][law]
+    return [coef_m * n**exp_m / (coef_a * n**exp_a) for n in tokens]
+
+
 def test_ratio_is_the_mixer_over_attention_at_each_point() -> None:
     table = ratio_table(synthetic_runs())
     rows = table[(table["mixer"] == "mamba") & (table["patch_size"] == 16)]
-    (lat_m, exp_m), (lat_a, exp_a) = POWER_LAWS["mamba"][0], POWER_LAWS["attention"][0]
-    expected = [lat_m * n**exp_m / (lat_a * n**exp_a) for n in rows["tokens"]]
+    expected = _mamba_over_attention(0, rows["tokens"])
     assert rows["latency_ms_ratio"].tolist() == pytest.approx(expected)
     assert rows["train_step_ms_ratio"].tolist() == pytest.approx(expected)  # both steps are 3x the latency
     assert "attention" not in set(table["mixer"])
@@ -25,9 +30,7 @@ def test_ratio_is_the_mixer_over_attention_at_each_point() -> None:
 def test_macs_ratio_is_counted_beside_the_timed_ones_and_shown_first() -> None:
     table = ratio_table(synthetic_runs())
     rows = table[(table["mixer"] == "mamba") & (table["patch_size"] == 16)]
-    (mac_m, exp_m), (mac_a, exp_a) = POWER_LAWS["mamba"][2], POWER_LAWS["attention"][2]
-    expected = [mac_m * n**exp_m / (mac_a * n**exp_a) for n in rows["tokens"]]
-    assert rows["gmacs_ratio"].tolist() == pytest.approx(expected)
+    assert rows["gmacs_ratio"].tolist() == pytest.approx(_mamba_over_attention(2, rows["tokens"]))
     assert "gmacs_ratio_apart" not in table.columns  # counted, not timed: nothing to pair
     notes = ratio_notes(table)
     assert notes[0].startswith("MACs ×") and "timed apart" in notes[-1]

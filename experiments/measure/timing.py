@@ -162,12 +162,12 @@ def time_paired(subject: Callable[[], object], reference: Callable[[], object], 
                 protocol: TimingProtocol, clock: HostClock | CudaEventClock | None = None) -> PairedTiming:
     """`subject`'s time as a multiple of `reference`'s, the two timed in alternating blocks a few calls long.
 
-    A machine whose speed drifts over minutes (a shared VM) moves two rows timed apart, but
-    hardly a ratio whose parts ran seconds apart: the reference is timed before and after each subject block, and
-    the ratio is taken per round. Rounds run until `protocol.min_repeats` (at least MIN_ROUNDS) and
-    `protocol.min_time_s` of timed time are both reached, or `protocol.max_repeats`. Samples are taken as
-    `time_call` takes them: one synchronised call on the host clock, or k back-to-back calls between CUDA events
-    (k chosen once per call from its first block).
+    A machine whose speed drifts over minutes (a shared VM) moves two rows timed apart, but hardly a ratio whose
+    parts ran seconds apart: the reference is timed before and after each subject block, and the ratio is taken
+    per round. Rounds run until `protocol.min_repeats` (at least MIN_ROUNDS) and `protocol.min_time_s` of timed
+    time are both reached, or `protocol.max_repeats`. Samples are taken as `time_call` takes them: one synchronised
+    call on the host clock, or k back-to-back calls between CUDA events (k chosen once per call from its first
+    block).
     """
     if clock is None:
         clock = CudaEventClock() if device.type == "cuda" else HostClock(device)
