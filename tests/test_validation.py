@@ -186,6 +186,53 @@ def test_odd_claims_fields_are_one_line_before_the_report_is_written(sweep_dir: 
     assert not (sweep_dir / "summary.md").exists()
 
 
+@pytest.fixture()
+def claimed_sweep(tmp_path: Path) -> tuple[Path, Path]:
+    """A sweep folder whose rows CLAIM matches (mamba and attention at 32 px), and that claims file."""
+    for mixer in ("mamba", "attention"):
+        for img in (16, 32, 64):
+            append_row(tmp_path / "sweep" / "runs.csv", _cost_row(mixer, img, 8, "{}", "ok"))
+    claims = tmp_path / "claims.toml"
+    claims.write_text(CLAIM)
+    return tmp_path / "sweep", claims
+
+
+def _claims_reported(sweep: Path) -> bool:
+    summary = (sweep / "summary.md").read_text()
+    return (sweep / "tables" / "claims.csv").is_file() and "## Published claims" in summary
+
+
+def test_a_plain_rebuild_checks_the_claims_the_previous_report_checked(claimed_sweep: tuple[Path, Path],
+                                                                       capsys) -> None:
+    from experiments.report.__main__ import main as report_main
+
+    sweep, claims = claimed_sweep
+    assert report_main([str(sweep), "--claims", str(claims)]) == 0 and _claims_reported(sweep)
+    assert report_main([str(sweep)]) == 0 and _claims_reported(sweep)
+    assert f"checking the claims of {claims} again" in capsys.readouterr().out
+    assert report_main([str(sweep), "--no-claims"]) == 0  # dropped on request: tables, section and record
+    assert not (sweep / "tables" / "claims.csv").exists() and "## Published claims" not in (
+        sweep / "summary.md").read_text()
+    assert report_main([str(sweep)]) == 0 and not (sweep / "tables" / "claims.csv").exists()
+
+
+def test_claims_the_report_cannot_name_again_are_one_line(claimed_sweep: tuple[Path, Path], capsys) -> None:
+    from experiments.report.__main__ import main as report_main
+    from experiments.report.manifest import read_manifest, recorded_claims, write_manifest
+
+    sweep, claims = claimed_sweep
+    assert report_main([str(sweep), "--claims", str(claims)]) == 0
+    summary = (sweep / "summary.md").read_text()
+    claims.unlink()  # the recorded claims file is gone
+    assert report_main([str(sweep)]) == 2
+    one_line_error(capsys, "--no-claims drops them")
+    write_manifest(sweep, read_manifest(sweep))  # a manifest from before the claims were recorded
+    assert recorded_claims(sweep) is None
+    assert report_main([str(sweep)]) == 2
+    one_line_error(capsys, "--claims NAME|PATH to keep them")
+    assert (sweep / "summary.md").read_text() == summary and (sweep / "tables" / "claims.csv").is_file()
+
+
 def test_readme_outside_the_sweeps_parent_is_refused_before_the_report(sweep_dir: Path, capsys) -> None:
     from experiments.report.__main__ import main as report_main
 

@@ -13,6 +13,7 @@ it did not write):
     tables/reach*.{csv,md,tex}       reach accuracy per direction and distance; buckets that separate two mixers
     tables/erf.{csv,md,tex}          radii holding 50% / 90% of each effective receptive field (with erf/*.npz)
     tables/claims.{csv,md,tex}       with --claims: a paper's claimed factors beside the measured ones, with verdicts
+                                     (the manifest records the claims, and a later plain rebuild checks them again)
     figures/wall*.{png,pdf}          latency, memory and GMACs against tokens (training step in wall_train*)
     figures/patch_resolution*        the same N reached by different (image, patch) pairs, with >1 patch size
     figures/accuracy_cost*           accuracy against GMACs and latency, 95% intervals, front of points above chance
@@ -25,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .build import ReportError, build_report, check_headline_target, write_headline
+from .build import ReportError, build_report, check_headline_target, claims_to_check, write_headline
 from .claims import ClaimsError, load_claims
 
 
@@ -42,8 +43,13 @@ def main(argv: list[str] | None = None) -> int:
                         "markers (the README keeps a CPU and a GPU headline)")
     parser.add_argument("--claims", default=None, metavar="NAME|PATH",
                         help="also check published claims against this sweep: a file of experiments/report/claims/ "
-                        "(e.g. vim_1248) or a TOML path; adds tables/claims.* and a section to summary.md")
+                        "(e.g. vim_1248) or a TOML path; adds tables/claims.* and a section to summary.md. Without "
+                        "it, a rebuild checks the claims the folder's previous report checked")
+    parser.add_argument("--no-claims", action="store_true",
+                        help="check no claims, even where the previous report did (its tables/claims.* go)")
     args = parser.parse_args(argv)
+    if args.claims and args.no_claims:
+        parser.error("--claims and --no-claims contradict each other; give one")
     if args.sweep_dir.is_file():  # the runs.csv itself: its folder is the sweep's (summary and tables go there)
         if args.sweep_dir.name != "runs.csv":
             print(f"error: {args.sweep_dir} is a file, not a sweep folder; give the folder that holds runs.csv",
@@ -53,10 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.readme:  # before the report is rewritten, not after
             check_headline_target(args.readme, args.headline, args.sweep_dir)
-        if args.claims:
-            load_claims(args.claims)  # likewise: a bad claims file stops before anything is written
+        claims = claims_to_check(args.sweep_dir, args.claims, args.no_claims)
+        if claims:
+            try:
+                load_claims(claims)  # likewise: a bad claims file stops before anything is written
+            except ClaimsError as error:
+                if args.claims:
+                    raise
+                raise ClaimsError(f"{error} (the previous report checked them; --no-claims drops them)") from None
+            if not args.claims:
+                print(f"checking the claims of {claims} again, as the previous report did (--no-claims drops them)")
         # refuses links at runs.csv, tables/, figures/ and summary.md, and a summary.md it did not write
-        written = build_report(args.sweep_dir, claims=args.claims)
+        written = build_report(args.sweep_dir, claims=claims, drop_claims=args.no_claims)
         if args.readme:
             write_headline(args.readme, args.sweep_dir, args.headline)
     except (ReportError, ClaimsError) as error:

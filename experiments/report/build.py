@@ -25,7 +25,7 @@ from ..schema import COLUMNS, KEY_COLUMNS, STATUSES
 from . import tables as report_tables
 from .manifest import (
     SUMMARY_MARKER, SUMMARY_NAME, ForeignFileError, check_overwrites, content_hash, read_manifest,
-    refuse_special_files, refuse_symlinks, remove_stale, write_manifest,
+    recorded_claims, refuse_special_files, refuse_symlinks, remove_stale, write_manifest,
 )
 from .claims import write_claims
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
@@ -151,13 +151,15 @@ def _convert_numeric(runs: pd.DataFrame, path: Path) -> pd.DataFrame:
     return runs
 
 
-def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
+def build_report(sweep_dir: Path, claims: str | None = None, drop_claims: bool = False) -> list[Path]:
     """Rebuild every table, figure and the summary of a sweep from its runs.csv.
 
     Args:
         sweep_dir: the sweep folder holding runs.csv (a path to the runs.csv itself is accepted too).
         claims: also check these published claims (a file of experiments/report/claims/ or a TOML path):
-            tables/claims.* and a section at the end of summary.md.
+            tables/claims.* and a section at the end of summary.md. None: the claims the previous report checked,
+            if any (`claims_to_check`).
+        drop_claims: with claims None, check none, even where the previous report did.
 
     Returns:
         The files written, summary.md last.
@@ -176,12 +178,31 @@ def build_report(sweep_dir: Path, claims: str | None = None) -> list[Path]:
         check_overwrites(sweep_dir, [SUMMARY_NAME], read_manifest(sweep_dir))
     except ForeignFileError as error:
         raise ReportError(str(error)) from None
+    claims = claims_to_check(sweep_dir, claims, drop_claims)
     runs = load_runs(sweep_dir / "runs.csv")
     try:
         return _build(sweep_dir, runs, claims)
     except OSError as error:  # a full disk: the staging folder goes, the previous report and runs.csv stay
         raise ReportError(f"cannot write the report into {sweep_dir} ({error.strerror or error}); the previous "
                           "report and runs.csv are as they were: free space and rerun") from None
+
+
+def claims_to_check(sweep_dir: Path, claims: str | None, drop_claims: bool = False) -> str | None:
+    """The claims a rebuild checks: those named; none with drop_claims; else those the previous report checked,
+    as its manifest records them, so that a plain rebuild keeps tables/claims.* and the summary's section.
+
+    Raises:
+        ReportError: the folder holds tables/claims.csv and records no claims (a report from before it recorded
+            them): a plain rebuild would drop the section and leave or remove the tables, so it asks which.
+    """
+    if claims or drop_claims:
+        return claims or None
+    recorded = recorded_claims(sweep_dir)
+    if recorded is None and os.path.lexists(sweep_dir / TABLES_DIR / "claims.csv"):
+        raise ReportError(f"{sweep_dir} holds a report's published claims (tables/claims.*) and does not record "
+                          "which claims file made them: rerun with --claims NAME|PATH to keep them, or --no-claims "
+                          "to drop them")
+    return recorded
 
 
 def _build(sweep_dir: Path, runs: pd.DataFrame, claims: str | None) -> list[Path]:
@@ -212,7 +233,7 @@ def _build(sweep_dir: Path, runs: pd.DataFrame, claims: str | None) -> list[Path
             text += "\n" + section
         (staging / SUMMARY_NAME).write_text(text, encoding="utf-8")
         summary = sweep_dir / SUMMARY_NAME
-        _publish(staging, sweep_dir, tables + figures + [summary])
+        _publish(staging, sweep_dir, tables + figures + [summary], claims)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return tables + figures + [summary]
@@ -304,10 +325,10 @@ def convergence_lines(runs: pd.DataFrame, curve_data: Curves) -> list[str]:
     return lines + [""]
 
 
-def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
+def _publish(staging: Path, sweep_dir: Path, written: list[Path], claims: str | None = None) -> None:
     """Moves the complete new report from `staging` over the old one, summary.md last, then removes the files the
     previous report listed in its manifest that this one did not write (so no figure outlives the data it came
-    from), and nothing else.
+    from), and nothing else. The manifest records `claims` (the claims checked), for the next plain rebuild.
 
     The manifest lists the old and the new files while they are moved, so a kill at any moment leaves every file
     the report wrote listed, and the next rebuild still knows them as its own.
@@ -323,12 +344,12 @@ def _publish(staging: Path, sweep_dir: Path, written: list[Path]) -> None:
     except ForeignFileError as error:
         raise ReportError(str(error)) from None
     hashes = {name: content_hash(staging / name) for name in names}  # what is ours is what we wrote
-    write_manifest(sweep_dir, {**(previous or {}), **hashes})
+    write_manifest(sweep_dir, {**(previous or {}), **hashes}, claims)
     for path in written:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / path.relative_to(sweep_dir), path)
     remove_stale(sweep_dir, previous, names)
-    write_manifest(sweep_dir, hashes)
+    write_manifest(sweep_dir, hashes, claims)
 
 
 def cost_curve_rows(runs: pd.DataFrame) -> pd.DataFrame:

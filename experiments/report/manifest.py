@@ -8,6 +8,9 @@ report delete or overwrite it), a summary.md that carries the report's marker, o
 manifests (whose summary.md carries that marker), a file the report names that is not newer than that summary.md
 (a user's file put there after the report ran is).
 
+The manifest also records the claims file a report checked (--claims), so that a plain rebuild checks it again
+rather than dropping the summary's section and its tables.
+
 A folder without a manifest loses nothing: the report cannot tell its old files from a user's there, so it
 deletes none; the manifest it writes lets every later rebuild clean up after it. The price is that a figure from
 a report built before manifests existed (or before they held hashes), which the new report no longer draws, stays
@@ -110,14 +113,8 @@ def read_manifest(sweep_dir: Path) -> dict[str, str | None] | None:
     A damaged manifest reads as none, so the report deletes nothing rather than guess; one that is not a regular
     file is never opened (`refuse_special_files` refuses it first).
     """
-    path = sweep_dir / MANIFEST_NAME
-    try:
-        if not stat.S_ISREG(path.lstat().st_mode):
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    files = data.get("files") if isinstance(data, dict) else None
+    data = _manifest_data(sweep_dir)
+    files = data.get("files")
     if isinstance(files, list):  # before hashes: names alone
         files = {name: None for name in files if isinstance(name, str)}
     if not isinstance(files, dict):
@@ -126,16 +123,38 @@ def read_manifest(sweep_dir: Path) -> dict[str, str | None] | None:
             for name, digest in files.items() if isinstance(name, str) and _is_output_name(name)}
 
 
+def _manifest_data(sweep_dir: Path) -> dict:
+    """The manifest's JSON object; empty where there is none, it is damaged, or it is not a regular file (never
+    opened then)."""
+    path = sweep_dir / MANIFEST_NAME
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def recorded_claims(sweep_dir: Path) -> str | None:
+    """The claims (a name or TOML path, as given to --claims) the previous report checked, as its manifest
+    records them; None where it checked none, recorded none, or there is no readable manifest."""
+    claims = _manifest_data(sweep_dir).get("claims")
+    return claims if isinstance(claims, str) and claims else None
+
+
 def matches(path: Path, recorded: str | None) -> bool:
     """Whether a file's content is what the report recorded writing (never, without a recorded hash)."""
     return recorded is not None and content_hash(path) == recorded
 
 
-def write_manifest(sweep_dir: Path, files: dict[str, str | None]) -> None:
-    """Writes the manifest (name -> SHA-256) atomically (a temporary file renamed over it), so a kill leaves the
-    old one or the new."""
-    text = json.dumps({"written_by": "python -m experiments.report", "files": dict(sorted(files.items()))},
-                      indent=1) + "\n"
+def write_manifest(sweep_dir: Path, files: dict[str, str | None], claims: str | None = None) -> None:
+    """Writes the manifest (name -> SHA-256, and the claims the report checked, if any) atomically (a temporary
+    file renamed over it), so a kill leaves the old one or the new."""
+    data: dict[str, object] = {"written_by": "python -m experiments.report", "files": dict(sorted(files.items()))}
+    if claims:
+        data["claims"] = claims
+    text = json.dumps(data, indent=1) + "\n"
     fd, temporary = tempfile.mkstemp(dir=sweep_dir, prefix=f"{MANIFEST_NAME}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

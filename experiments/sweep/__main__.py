@@ -581,10 +581,13 @@ def _run_and_report(config: SweepConfig, points: list[Point], args: argparse.Nam
     print(f"runs: {runs_path} ({time.monotonic() - started:.0f} s)")
     if not args.no_report:
         from ..report.build import ReportError, build_report
+        from ..report.claims import ClaimsError
 
         try:
             written = build_report(config.out_dir)
-        except ReportError as error:  # a file put in the report's way while the sweep ran
+        # a file put in the report's way while the sweep ran, or claims an earlier report checked that it cannot
+        # check again (python -m experiments.report with --claims or --no-claims rebuilds it)
+        except (ReportError, ClaimsError) as error:
             print(f"python -m experiments.sweep: error: {error}; the rows are kept in {runs_path}", file=sys.stderr)
             return 2
         print(f"report: {len(written)} files in {config.out_dir}/ (summary: {config.out_dir / 'summary.md'})")
