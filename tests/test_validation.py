@@ -218,6 +218,7 @@ def test_a_plain_rebuild_checks_the_claims_the_previous_report_checked(claimed_s
 
 def test_claims_the_report_cannot_name_again_are_one_line(claimed_sweep: tuple[Path, Path], capsys) -> None:
     from experiments.report.__main__ import main as report_main
+    from experiments.report.claims import ClaimsError
     from experiments.report.manifest import read_manifest, recorded_claims, write_manifest
 
     sweep, claims = claimed_sweep
@@ -226,6 +227,8 @@ def test_claims_the_report_cannot_name_again_are_one_line(claimed_sweep: tuple[P
     claims.unlink()  # the recorded claims file is gone
     assert report_main([str(sweep)]) == 2
     one_line_error(capsys, "--no-claims drops them")
+    with pytest.raises(ClaimsError, match="--no-claims drops them"):  # a sweep's end-of-run report says so too
+        build_report(sweep)
     write_manifest(sweep, read_manifest(sweep))  # a manifest from before the claims were recorded
     assert recorded_claims(sweep) is None
     assert report_main([str(sweep)]) == 2

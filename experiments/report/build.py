@@ -27,7 +27,7 @@ from .manifest import (
     SUMMARY_MARKER, SUMMARY_NAME, ForeignFileError, check_overwrites, content_hash, read_manifest,
     recorded_claims, refuse_special_files, refuse_symlinks, remove_stale, write_manifest,
 )
-from .claims import write_claims
+from .claims import ClaimsError, load_claims, write_claims
 from .plots import RC, TRAIN_WALL_PANELS, WALL_PANELS
 from .erf import erf_figures, erf_tables, load_maps, maps_at_chosen_rates, outdated_maps_line
 from .plots_accuracy import accuracy_figures
@@ -194,6 +194,8 @@ def claims_to_check(sweep_dir: Path, claims: str | None, drop_claims: bool = Fal
     Raises:
         ReportError: the folder holds tables/claims.csv and records no claims (a report from before it recorded
             them): a plain rebuild would drop the section and leave or remove the tables, so it asks which.
+        ClaimsError: the recorded claims file cannot be read (moved, or a path relative to another folder); the
+            message says that --no-claims drops them.
     """
     if claims or drop_claims:
         return claims or None
@@ -202,6 +204,11 @@ def claims_to_check(sweep_dir: Path, claims: str | None, drop_claims: bool = Fal
         raise ReportError(f"{sweep_dir} holds a report's published claims (tables/claims.*) and does not record "
                           "which claims file made them: rerun with --claims NAME|PATH to keep them, or --no-claims "
                           "to drop them")
+    if recorded:
+        try:
+            load_claims(recorded)
+        except ClaimsError as error:
+            raise ClaimsError(f"{error} (the previous report checked them; --no-claims drops them)") from None
     return recorded
 
 
