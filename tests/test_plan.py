@@ -254,6 +254,22 @@ def test_calibration_keeps_what_it_measured_when_its_bound_stops_a_slow_size(mon
     assert len(limits) == 2 and max(limits) <= 5.0  # no size may run past the bound
 
 
+def test_a_sweep_says_it_calibrates_before_the_calibration_runs(monkeypatch, tmp_path: Path) -> None:
+    """A budgeted sweep calibrated for up to a fifth of its budget with nothing on screen and no row written,
+    which looked like a hang (and --no-plan did not skip it)."""
+    import experiments.sweep.plan as plan
+
+    heard: list[str] = []
+
+    def fake_calibration(points, seconds):
+        assert heard, "the line comes before the calibration, not after"
+        return [], 0.1, False
+
+    monkeypatch.setattr(plan, "run_calibration", fake_calibration)
+    plan.Planner.build(_points([16, 32]), tmp_path / "runs.csv", calibration_s=120.0, say=heard.append)
+    assert len(heard) == 1 and "calibrating" in heard[0] and "120 s" in heard[0] and "--calibrate-from" in heard[0]
+
+
 def test_plan_names_what_it_cannot_predict_and_why() -> None:
     from experiments.sweep.plan import DEFAULT_GAP_S, Planner, plan_lines
 

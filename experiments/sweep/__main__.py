@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -139,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="runs.csv files of the target device to fit the cost model to (e.g. a GPU's, when "
                              "planning a CUDA sweep on a CPU machine)")
     parser.add_argument("--no-plan", action="store_true",
-                        help="no cost prediction (skips the calibration run; rows get no predicted_* cells); with "
-                        "--dry-run: list the runs and points without measuring anything")
+                        help="no cost prediction (skips the calibration run; rows get no predicted_* cells), "
+                        "except that --budget-minutes needs predictions and still calibrates, for at most a fifth "
+                        "of M; with --dry-run: list the runs and points without measuring anything")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--save-weights", action="store_true",
                         help="training points save their final weights to <out>/weights/<key hash>.safetensors, "
@@ -520,11 +522,14 @@ def check_calibration_file(path: Path) -> None:
 
 def _build_planner(config: SweepConfig, points: list[Point], args: argparse.Namespace) -> Planner:
     # A budgeted sweep spends at most a fifth of its budget calibrating; its own rows refine the fit after. A dry
-    # run only plans: its calibration is bounded too, and the plan names what it could not predict.
+    # run only plans: its calibration is bounded too, and the plan names what it could not predict. A sweep says
+    # so before it calibrates: minutes without a row would otherwise look like a hang.
     seconds = args.budget_minutes * 12 if args.budget_minutes else math.inf
     if args.dry_run:
         seconds = min(seconds, DRY_RUN_CALIBRATION_S)
-    return Planner.build(points, config.out_dir / "runs.csv", extra_runs=args.calibrate_from, calibration_s=seconds)
+    say = None if args.dry_run or args.quiet else functools.partial(print, file=sys.stderr, flush=True)
+    return Planner.build(points, config.out_dir / "runs.csv", extra_runs=args.calibrate_from, calibration_s=seconds,
+                         say=say)
 
 
 def _dry_run(config: SweepConfig, run_points: list[list[Point]], args: argparse.Namespace,

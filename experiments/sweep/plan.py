@@ -20,7 +20,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,8 +146,10 @@ class Planner:
     # calibration -------------------------------------------------------------------------------------------------
     @classmethod
     def build(cls, points: list[Point], runs_path: Path, *, extra_runs: list[Path] = (),
-              calibrate: bool = True, calibration_s: float = math.inf) -> Planner:
-        """Fits the cost model to the best rows there are for `points` (see the module docstring)."""
+              calibrate: bool = True, calibration_s: float = math.inf,
+              say: Callable[[str], None] | None = None) -> Planner:
+        """Fits the cost model to the best rows there are for `points` (see the module docstring); `say`, if
+        given, hears one line before a calibration run starts."""
         devices = {p.device for p in points}
         here = {d for d in devices if _device_here(d)}
         protocol = points[0].timing if points else TimingProtocol()
@@ -165,6 +167,10 @@ class Planner:
         if calibrate and missing_here:
             calibration = calibration_points(missing_here, samples)
             if calibration:
+                if say:
+                    bound = "" if math.isinf(calibration_s) else f", for at most {calibration_s:.0f} s"
+                    say(f"calibrating the cost model here: {len(calibration)} small points{bound} "
+                        "(--calibrate-from RUNS_CSV of this machine skips the mixers it holds at three sizes)")
                 started = time.perf_counter()
                 rows, gap_s, stopped = run_calibration(calibration, calibration_s)
                 samples += [(point_from_row(r), r) for r in rows]
