@@ -4,14 +4,17 @@ Liu et al., "Swin Transformer: Hierarchical Vision Transformer using Shifted Win
 only inside non-overlapping `window_size x window_size` windows; odd layers shift the windows by
 `window_size // 2` with a cyclic roll and mask the pairs that the roll brought together from opposite borders.
 
-Unlike Swin's `input_resolution`, nothing here is tied to a grid: a grid that the window does not divide is padded
-at the bottom and right (as Swin's detection code and timm's SAM-ViT do), and the padded tokens are masked as keys,
-so padding never changes the outputs of real tokens. Grid-dependent tensors are cached per grid and device, outside
-the state dict.
+Unlike Swin's `input_resolution`, nothing here is tied to a grid: a grid that the window does not divide is treated
+as if padded at the bottom and right (as Swin's detection code and timm's SAM-ViT do) with the padded tokens masked
+as keys, which is the same as leaving them out. So they are left out: each window attends over its real tokens
+only, and a 4 x 4 grid under a 7 x 7 window costs one 16-token window, not a 49-token one (issue 33). Windows whose
+real tokens sit alike (same places in the window, same shift regions) are batched together. Grid-dependent tensors
+are cached per grid and device, outside the state dict.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +26,9 @@ from .attention import qkv_and_proj, sdpa_backend_name
 from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_tokens, grid_cached
 from .registry import register_mixer
 
-# Finite, so that a query whose window holds only masked keys (a padded token's query) gets a uniform softmax
-# instead of NaN; large enough that exp() of it is exactly 0 in fp32/bf16/fp16 next to any sane bias. Swin uses
-# -100, which a learned bias of a few tens could in principle approach.
+# Large enough that exp() of it is exactly 0 in fp32/bf16/fp16 next to any sane bias; finite, so that no -inf
+# reaches a kernel's arithmetic (every query sees at least itself, so no row is wholly masked). Swin uses -100,
+# which a learned bias of a few tens could in principle approach.
 MASK_VALUE = -1e4
 
 def relative_position_index(window_size: int, device: torch.device | None = None) -> Tensor:
@@ -42,46 +45,69 @@ def relative_position_index(window_size: int, device: torch.device | None = None
     return (rel[0] + ws - 1) * (2 * ws - 1) + (rel[1] + ws - 1)  # (L, L)
 
 
-def window_mask(grid: Grid, window_size: int, shift: int, device: torch.device | None = None) -> Tensor | None:
-    """Additive attention mask for each window of the padded, cyclically shifted grid.
+class WindowGroup(NamedTuple):
+    """Windows whose real tokens sit at the same places inside the window and in the same shift regions."""
 
-    A key is masked for a query when the two lie in different shift regions of the Swin paper (the roll carried one
-    of them across the border) or when the key is a padding token. Both conditions are merged before the mask value
-    is applied, so a pair is masked once, never twice.
+    tokens: Tensor  # (windows, L): row-major index in the grid of each window's real tokens
+    bias_index: Tensor  # (L, L): into the bias table, as `relative_position_index` for these places
+    mask: Tensor | None  # (L, L): MASK_VALUE between shift regions, or None when the window has one region
 
-    Args:
-        grid: the real token grid `(H, W)`.
-        window_size: side of the square window.
-        shift: cyclic shift of the windows (0 for regular windows).
-        device: where to build the mask.
+
+def _axis_windows(size: int, window_size: int, shift: int) -> dict[tuple, list[list[int]]]:
+    """One axis of the padded, rolled grid: its windows grouped by where their real rows (columns) sit.
 
     Returns:
-        Float tensor `(num_windows, L, L)` with 0 for allowed pairs and `MASK_VALUE` otherwise (windows in row-major
-        order of the padded grid, `L = window_size ** 2`), or None when no pair is masked.
+        `{(places, regions): [rows of each window]}`: `places` are the real rows' positions inside the window,
+        `regions` their shift-region labels, and each window's list holds those rows' coordinates in the grid.
+    """
+    ws = window_size
+    padded = math.ceil(size / ws) * ws
+    kinds: dict[tuple, list[list[int]]] = {}
+    for start in range(0, padded, ws):
+        rows = [(p, (p + shift) % padded) for p in range(start, start + ws)]  # rolled place, grid row
+        rows = [(p, r) for p, r in rows if r < size]  # the padded rows are left out
+        if not rows:
+            continue
+        # Shift regions as Swin labels them: the last window of a shifted layer holds the rows that wrapped
+        # around (2) next to the ones that did not (1).
+        regions = tuple(0 if not shift or p < padded - ws else (1 if p < padded - shift else 2) for p, _ in rows)
+        key = (tuple(p - start for p, _ in rows), regions)
+        kinds.setdefault(key, []).append([r for _, r in rows])
+    return kinds
+
+
+def window_groups(grid: Grid, window_size: int, shift: int,
+                  device: torch.device | None = None) -> tuple[list[WindowGroup], Tensor]:
+    """The windows of the padded, rolled grid as groups of like windows, over real tokens only.
+
+    Every real token lies in exactly one window of one group; padded tokens lie in none (as keys they would be
+    masked, as queries cropped, so leaving them out changes no output).
+
+    Returns:
+        The groups, and `order` `(H * W,)`: where each token's output lies in the groups' outputs concatenated
+        (window by window, token by token).
     """
     H, W = grid
     ws = window_size
-    Hp, Wp = math.ceil(H / ws) * ws, math.ceil(W / ws) * ws
-    if shift == 0 and (Hp, Wp) == (H, W):
-        return None
-
-    def regions(size: int) -> Tensor:
-        # Shift-region label of each row (column) of the rolled, padded grid: the last window of a shifted layer
-        # holds the rows that wrapped around (label 2) next to the ones that did not (label 1).
-        label = torch.zeros(size, dtype=torch.long, device=device)
-        if shift:
-            label[size - ws:size - shift] = 1
-            label[size - shift:] = 2
-        return label
-
-    region = regions(Hp)[:, None] * 3 + regions(Wp)[None, :]  # (Hp, Wp)
-    real = torch.zeros(Hp, Wp, dtype=torch.bool, device=device)
-    real[:H, :W] = True
-    real = torch.roll(real, shifts=(-shift, -shift), dims=(0, 1))  # (Hp, Wp), same roll as the tokens
-    region = rearrange(region, "(nh wh) (nw ww) -> (nh nw) (wh ww)", wh=ws, ww=ws)  # (nW, L)
-    real = rearrange(real, "(nh wh) (nw ww) -> (nh nw) (wh ww)", wh=ws, ww=ws)  # (nW, L)
-    blocked = (region[:, :, None] != region[:, None, :]) | ~real[:, None, :]  # (nW, L query, L key)
-    return torch.zeros(blocked.shape, device=device).masked_fill(blocked, MASK_VALUE)  # (nW, L, L)
+    index = relative_position_index(ws, device)  # (ws * ws, ws * ws)
+    groups = []
+    for (row_places, row_regions), row_windows in _axis_windows(H, ws, shift).items():
+        for (col_places, col_regions), col_windows in _axis_windows(W, ws, shift).items():
+            rows = torch.tensor(row_windows, device=device)  # (row windows, rows)
+            cols = torch.tensor(col_windows, device=device)  # (column windows, columns)
+            tokens = rows[:, None, :, None] * W + cols[None, :, None, :]  # (row w., col w., rows, cols)
+            tokens = tokens.reshape(len(row_windows) * len(col_windows), -1)  # (windows, L)
+            places = (torch.tensor(row_places, device=device)[:, None] * ws
+                      + torch.tensor(col_places, device=device)[None, :]).flatten()  # (L,)
+            region = (torch.tensor(row_regions, device=device)[:, None] * 3
+                      + torch.tensor(col_regions, device=device)[None, :]).flatten()  # (L,)
+            mask = None
+            if len(set(row_regions)) > 1 or len(set(col_regions)) > 1:
+                blocked = region[:, None] != region[None, :]  # (L, L)
+                mask = torch.zeros(blocked.shape, device=device).masked_fill(blocked, MASK_VALUE)
+            groups.append(WindowGroup(tokens, index[places[:, None], places[None, :]], mask))
+    order = torch.argsort(torch.cat([g.tokens.flatten() for g in groups]))  # (H * W,)
+    return groups, order
 
 
 @register_mixer("swin")
@@ -93,11 +119,9 @@ class SwinAttention(TokenMixer):
     `bias + mask`, which on CUDA selects the memory-efficient kernel (it accepts an arbitrary bias with a
     gradient); `impl` records the backend that PyTorch picked.
 
-    The `qkv` and `proj` projections act on the real tokens only; padding is applied to their output (q, k, v),
-    where the padded keys are masked and the padded queries are cropped: real tokens' outputs are what they would
-    be with any padding, and no projection work is spent on it. Attention itself runs on whole padded windows, so
-    a grid much smaller than the window (e.g. 4 x 4 with window 7) pays for the full 7 x 7 window; `macs`
-    counts that work.
+    Each window attends over its real tokens only (`window_groups`): the outputs are those of Swin's padded grid
+    with the padded keys masked, and no work is spent on padding, neither in the projections nor in attention.
+    Like windows run as one batch, so a grid the window divides runs one SDPA call per shift-region pattern.
     """
 
     def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, window_size: int = 7,
@@ -133,19 +157,9 @@ class SwinAttention(TokenMixer):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, shift={self.shift}"
 
-    def _index(self, device: torch.device) -> Tensor:
-        return grid_cached(self._cache, ("index", device), lambda: relative_position_index(self.window_size, device))
-
-    def _mask(self, grid: Grid, device: torch.device) -> Tensor | None:
-        return grid_cached(self._cache, ("mask", grid, device),
-                           lambda: window_mask(grid, self.window_size, self.shift, device))
-
-    def relative_position_bias(self) -> Tensor:
-        """The bias that every window adds to its attention logits, shape `(heads, L, L)`."""
-        L = self.window_size ** 2
-        index = self._index(self.relative_position_bias_table.device)
-        bias = self.relative_position_bias_table[index.view(-1)]  # (L * L, heads)
-        return rearrange(bias, "(i j) h -> h i j", i=L, j=L)  # (heads, L, L)
+    def _groups(self, grid: Grid, device: torch.device) -> tuple[list[WindowGroup], Tensor]:
+        return grid_cached(self._cache, ("groups", grid, device),
+                           lambda: window_groups(grid, self.window_size, self.shift, device))
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Attends inside (shifted) windows of the grid.
@@ -158,49 +172,43 @@ class SwinAttention(TokenMixer):
             Tokens of the same shape as `x`.
         """
         check_tokens(x, grid)
-        B, _, C = x.shape
-        H, W = grid
-        ws, s = self.window_size, self.shift
-        Hp, Wp = math.ceil(H / ws) * ws, math.ceil(W / ws) * ws
-
-        qkv = self.qkv(x).view(B, H, W, 3 * C)  # (B, H, W, 3C)
-        qkv = F.pad(qkv, (0, 0, 0, Wp - W, 0, Hp - H))  # (B, Hp, Wp, 3C), padding at bottom and right
-        if s:
-            qkv = torch.roll(qkv, shifts=(-s, -s), dims=(1, 2))  # (B, Hp, Wp, 3C)
-        # Windows and heads share one axis so that the per-window mask broadcasts over the batch and SDPA gets
-        # 4-D inputs (which its fused kernels need).
-        q, k, v = rearrange(qkv, "b (nh wh) (nw ww) (three h d) -> three b (nh nw h) (wh ww) d",
-                            wh=ws, ww=ws, three=3, h=self.num_heads)  # 3 x (B, nW * heads, L, head_dim)
-
-        bias = self.relative_position_bias()  # (heads, L, L)
-        mask = self._mask((H, W), x.device)  # (nW, L, L) or None
-        n_windows = (Hp // ws) * (Wp // ws)
-        if mask is None:
-            attn_mask = bias.expand(n_windows, -1, -1, -1)  # (nW, heads, L, L)
-        else:
-            attn_mask = bias.unsqueeze(0) + mask.unsqueeze(1)  # (nW, heads, L, L)
-        attn_mask = attn_mask.reshape(n_windows * self.num_heads, ws * ws, ws * ws).to(q.dtype)  # (nW*heads, L, L)
-
-        self.impl = sdpa_backend_name(q, k, v, attn_mask)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, nW * heads, L, head_dim)
-        out = rearrange(out, "b (nh nw h) (wh ww) d -> b (nh wh) (nw ww) (h d)",
-                        nh=Hp // ws, nw=Wp // ws, h=self.num_heads, wh=ws, ww=ws)  # (B, Hp, Wp, C)
-        if s:
-            out = torch.roll(out, shifts=(s, s), dims=(1, 2))  # (B, Hp, Wp, C)
-        out = out[:, :H, :W].reshape(B, H * W, C)  # (B, N, C)
-        return self.proj(out)
+        h = self.num_heads
+        groups, order = self._groups(grid, x.device)
+        qkv = self.qkv(x)  # (B, N, 3C)
+        outs = []
+        for group in groups:
+            n_windows, L = group.tokens.shape
+            windows = qkv.index_select(1, group.tokens.flatten())  # (B, nW * L, 3C), window by window
+            # Windows and heads share one axis so that the bias (and shift mask) broadcasts over the batch and
+            # SDPA gets 4-D inputs (which its fused kernels need).
+            q, k, v = rearrange(windows, "b (nw l) (three h d) -> three b (nw h) l d",
+                                nw=n_windows, three=3, h=h)  # 3 x (B, nW * heads, L, head_dim)
+            bias = rearrange(self.relative_position_bias_table[group.bias_index], "i j h -> h i j")  # (h, L, L)
+            if group.mask is not None:
+                bias = bias + group.mask
+            attn_mask = bias.expand(n_windows, -1, -1, -1).reshape(n_windows * h, L, L).to(q.dtype)
+            self.impl = sdpa_backend_name(q, k, v, attn_mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, nW * heads, L, head_dim)
+            outs.append(rearrange(out, "b (nw h) l d -> b (nw l) (h d)", nw=n_windows, h=h))  # (B, nW * L, C)
+        out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # (B, N, C), in the groups' order
+        return self.proj(out.index_select(1, order))  # (B, N, C), in the grid's order
 
     def macs(self, grid: Grid) -> int:
         """Forward multiply-accumulates for one image on `grid`.
 
-        Counts the q, k, v and output projections on the `H * W` real tokens, and `Q K^T` and `A V` over every
-        window of the padded grid (padded queries and keys are computed, then masked or dropped). The bias
-        gather, mask add and softmax are not counted (the repository's convention for element-wise work).
+        Counts the q, k, v and output projections, and `Q K^T` and `A V` over every pair of real tokens that share
+        a window (pairs in different shift regions are computed, then masked). The bias gather, mask add and
+        softmax are not counted (the repository's convention for element-wise work).
         """
-        H, W = grid
-        ws = self.window_size
-        n_real = H * W
-        n_padded = math.ceil(H / ws) * ws * math.ceil(W / ws) * ws
-        projections = n_real * self.dim * 3 * self.dim + n_real * self.dim * self.dim
-        attention = 2 * n_padded * ws * ws * self.dim  # QK^T and AV: per window L * L * C each
-        return projections + attention
+        n = grid[0] * grid[1]
+        projections = n * self.dim * 3 * self.dim + n * self.dim * self.dim
+        return projections + 2 * self.window_pairs(grid) * self.dim  # QK^T and AV: C per pair each
+
+    def window_pairs(self, grid: Grid) -> int:
+        """(query, key) pairs of real tokens that share a window: the size of the scores this layer computes."""
+        def squares(size: int) -> int:  # sum over one axis's windows of (real rows in the window)^2
+            windows = _axis_windows(size, self.window_size, self.shift)
+            return sum(len(places) ** 2 * len(rows) for (places, _), rows in windows.items())
+
+        # A window with r real rows and c real columns holds (r c)^2 pairs, so the sum factors over the axes.
+        return squares(grid[0]) * squares(grid[1])

@@ -39,7 +39,7 @@ from mixers.linear import LinearAttention
 from mixers.mamba import VimMixer
 from mixers.mamba2 import HydraMixer
 from mixers.neighborhood import NeighborhoodAttention, clipped_kernel, neighbourhood_index
-from mixers.swin import SwinAttention, window_mask
+from mixers.swin import SwinAttention, window_groups
 from mixers.vmamba import SS2D
 
 from .recurrences import MAMBA2_PARTS, VMAMBA_SCANS, gla_map_rows, mamba2_map_rows, mamba_map_rows, vmamba_map_rows
@@ -137,25 +137,6 @@ def attention_matrix(mixer: Attention, x: Tensor, *, scaled: bool = True) -> Ten
     return ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, N, N)
 
 
-def swin_window_layout(mixer: SwinAttention, grid: Grid) -> tuple[Tensor, Tensor]:
-    """Where each real token of the grid sits among the layer's (shifted, padded) windows.
-
-    Returns:
-        window: (N,) index of the window of each token, in row-major order of the padded, rolled grid.
-        position: (N,) position of each token inside its window, row-major in ``window_size ** 2``.
-    """
-    H, W = grid
-    ws, s = mixer.window_size, mixer.shift
-    Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
-    rows = torch.arange(H)[:, None].expand(H, W).reshape(-1)
-    cols = torch.arange(W)[None, :].expand(H, W).reshape(-1)
-    # The mixer rolls the padded grid by -shift, so token (r, c) lands at ((r - s) mod Hp, (c - s) mod Wp).
-    rr, cc = (rows - s) % Hp, (cols - s) % Wp
-    window = (rr // ws) * (Wp // ws) + cc // ws
-    position = (rr % ws) * ws + cc % ws
-    return window, position
-
-
 def swin_matrix(mixer: SwinAttention, x: Tensor, grid: Grid, *, scaled: bool = True) -> Tensor:
     """Window attention matrices of a Swin mixer over the real tokens of the grid.
 
@@ -173,15 +154,17 @@ def swin_matrix(mixer: SwinAttention, x: Tensor, grid: Grid, *, scaled: bool = T
     """
     q, k, _ = rearrange(mixer.qkv(x), "b n (three h d) -> three b h n d", three=3, h=mixer.num_heads)
     scale = (mixer.dim // mixer.num_heads) ** -0.5 if scaled else 1.0  # SDPA's default, as the mixer runs it
-    window, position = swin_window_layout(mixer, grid)
-    window, position = window.to(x.device), position.to(x.device)
-    bias = mixer.relative_position_bias()[:, position[:, None], position[None, :]]  # (heads, N, N)
+    N = q.shape[-2]
+    bias = q.new_zeros(mixer.num_heads, N, N)  # (heads, N, N)
+    allowed = torch.zeros(N, N, dtype=torch.bool, device=x.device)  # (N, N)
+    # The mixer's own windows (real tokens only) and, in shifted layers, its mask between shift regions.
+    groups, _ = window_groups(grid, mixer.window_size, mixer.shift, x.device)
+    for group in groups:
+        query, key = group.tokens[:, :, None], group.tokens[:, None, :]  # (nW, L, 1), (nW, 1, L)
+        window_bias = mixer.relative_position_bias_table[group.bias_index]  # (L, L, heads)
+        bias[:, query, key] = rearrange(window_bias, "i j h -> h 1 i j")  # the same in every window of the group
+        allowed[query, key] = True if group.mask is None else group.mask == 0
     logits = (q * scale) @ k.transpose(-2, -1) + bias  # (B, heads, N, N)
-    allowed = window[:, None] == window[None, :]  # (N, N)
-    mask = window_mask(grid, mixer.window_size, mixer.shift, x.device)  # (nW, L, L) or None: pairs the roll brought
-    # together from opposite borders, and padding keys (never among the real tokens here)
-    if mask is not None:
-        allowed = allowed & (mask[window[:, None], position[:, None], position[None, :]] == 0)
     return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)  # (B, heads, N, N)
 
 

@@ -56,9 +56,7 @@ def _mixer_elements(mixer: str, module: object, grid: tuple[int, int]) -> float:
     if mixer == "attention_naive":
         return 2.0 * heads * n * n  # scores and probabilities, (heads, N, N) each
     if mixer == "swin":
-        ws = module.window_size
-        padded = math.ceil(grid[0] / ws) * ws * math.ceil(grid[1] / ws) * ws
-        return 2.0 * heads * padded * ws * ws  # (windows, heads, ws^2, ws^2) scores and probabilities
+        return 2.0 * heads * module.window_pairs(grid)  # scores and probabilities of every window, per head
     if mixer == "mamba":
         return 2.0 * module.d_inner * module.d_state * n  # two directions' discretised (L, D, N) terms
     return 0.0
