@@ -139,11 +139,16 @@ class BiGLA(TokenMixer):
         check_tokens(x, grid)
         heads = self.num_heads
         compute = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 tests
-        q, k = (rearrange(p(x), "b l (h d) -> b h l d", h=heads) for p in (self.q_proj, self.k_proj))
-        v = rearrange(self.v_proj(x), "b l (h d) -> b h l d", h=heads)  # (B, H, L, V)
-        gates = [rearrange(F.logsigmoid(p(x).to(compute)) / self.gate_logit_normalizer, "b l (h d) -> b h l d",
-                           h=heads) for p in self.gk_proj]  # 2 x (B, H, L, K), log decays <= 0
-        gate = self.g_proj(x)  # (B, L, C), the output gate's input, under autocast where it runs
+        # Every projection of x (q, k, v, the output gate's input, both forget gates' first factor) in one matmul,
+        # the weights kept apart under fla's names: at small N each matmul's fixed cost, forward and backward,
+        # outweighs its arithmetic (issue 33).
+        inputs = (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.gk_proj[0][0], self.gk_proj[1][0])
+        projected = F.linear(x, torch.cat([p.weight for p in inputs]))  # (B, L, sum of their widths)
+        q, k, v, gate, *low_rank = projected.split([p.out_features for p in inputs], dim=-1)
+        q, k, v = (rearrange(t, "b l (h d) -> b h l d", h=heads) for t in (q, k, v))  # (B, H, L, K|K|V)
+        gates = [rearrange(F.logsigmoid(p[1](r).to(compute)) / self.gate_logit_normalizer, "b l (h d) -> b h l d",
+                           h=heads) for p, r in zip(self.gk_proj, low_rank)]  # 2 x (B, H, L, K), log decays <= 0
+        # gate: (B, L, C), the output gate's input, under autocast where it runs
         impl = self._resolve_impl(x.device)
         if impl != "chunk_torch" and torch.jit.is_tracing():
             impl = "chunk_torch"  # what fvcore can count; the measured calls record what they ran
