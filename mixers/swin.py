@@ -8,8 +8,8 @@ Unlike Swin's `input_resolution`, nothing here is tied to a grid: a grid that th
 as if padded at the bottom and right (as Swin's detection code and timm's SAM-ViT do) with the padded tokens masked
 as keys, which is the same as leaving them out. So they are left out: each window attends over its real tokens
 only, and a 4 x 4 grid under a 7 x 7 window costs one 16-token window, not a 49-token one (issue 33). Windows whose
-real tokens sit alike (same places in the window, same shift regions) are batched together. Grid-dependent tensors
-are cached per grid and device, outside the state dict.
+real tokens sit at the same places in the window are batched together. Grid-dependent tensors are cached per grid
+and device, outside the state dict.
 """
 from __future__ import annotations
 
@@ -46,23 +46,23 @@ def relative_position_index(window_size: int, device: torch.device | None = None
 
 
 class WindowGroup(NamedTuple):
-    """Windows whose real tokens sit at the same places inside the window and in the same shift regions."""
+    """Windows whose real tokens sit at the same places inside the window."""
 
     tokens: Tensor  # (windows, L): row-major index in the grid of each window's real tokens
     bias_index: Tensor  # (L, L): into the bias table, as `relative_position_index` for these places
-    mask: Tensor | None  # (L, L): MASK_VALUE between shift regions, or None when the window has one region
+    mask: Tensor | None  # (windows, L, L): MASK_VALUE between shift regions; None where no window has two
 
 
-def _axis_windows(size: int, window_size: int, shift: int) -> dict[tuple, list[list[int]]]:
+def _axis_windows(size: int, window_size: int, shift: int) -> dict[tuple, list[tuple[list[int], list[int]]]]:
     """One axis of the padded, rolled grid: its windows grouped by where their real rows (columns) sit.
 
     Returns:
-        `{(places, regions): [rows of each window]}`: `places` are the real rows' positions inside the window,
-        `regions` their shift-region labels, and each window's list holds those rows' coordinates in the grid.
+        `{places: [(rows, regions) of each window]}`: `places` are the real rows' positions inside the window;
+        each window's `rows` are their coordinates in the grid, `regions` their shift-region labels.
     """
     ws = window_size
     padded = math.ceil(size / ws) * ws
-    kinds: dict[tuple, list[list[int]]] = {}
+    kinds: dict[tuple, list[tuple[list[int], list[int]]]] = {}
     for start in range(0, padded, ws):
         rows = [(p, (p + shift) % padded) for p in range(start, start + ws)]  # rolled place, grid row
         rows = [(p, r) for p, r in rows if r < size]  # the padded rows are left out
@@ -70,9 +70,8 @@ def _axis_windows(size: int, window_size: int, shift: int) -> dict[tuple, list[l
             continue
         # Shift regions as Swin labels them: the last window of a shifted layer holds the rows that wrapped
         # around (2) next to the ones that did not (1).
-        regions = tuple(0 if not shift or p < padded - ws else (1 if p < padded - shift else 2) for p, _ in rows)
-        key = (tuple(p - start for p, _ in rows), regions)
-        kinds.setdefault(key, []).append([r for _, r in rows])
+        regions = [0 if not shift or p < padded - ws else (1 if p < padded - shift else 2) for p, _ in rows]
+        kinds.setdefault(tuple(p - start for p, _ in rows), []).append(([r for _, r in rows], regions))
     return kinds
 
 
@@ -81,7 +80,9 @@ def window_groups(grid: Grid, window_size: int, shift: int,
     """The windows of the padded, rolled grid as groups of like windows, over real tokens only.
 
     Every real token lies in exactly one window of one group; padded tokens lie in none (as keys they would be
-    masked, as queries cropped, so leaving them out changes no output).
+    masked, as queries cropped, so leaving them out changes no output). A grid the window divides is one group,
+    shifted or not, as in Swin; on one it does not divide, each axis has up to two kinds of window (three when
+    shifted: the padding can fall inside a window), so up to four groups (nine).
 
     Returns:
         The groups, and `order` `(H * W,)`: where each token's output lies in the groups' outputs concatenated
@@ -91,19 +92,18 @@ def window_groups(grid: Grid, window_size: int, shift: int,
     ws = window_size
     index = relative_position_index(ws, device)  # (ws * ws, ws * ws)
     groups = []
-    for (row_places, row_regions), row_windows in _axis_windows(H, ws, shift).items():
-        for (col_places, col_regions), col_windows in _axis_windows(W, ws, shift).items():
-            rows = torch.tensor(row_windows, device=device)  # (row windows, rows)
-            cols = torch.tensor(col_windows, device=device)  # (column windows, columns)
-            tokens = rows[:, None, :, None] * W + cols[None, :, None, :]  # (row w., col w., rows, cols)
-            tokens = tokens.reshape(len(row_windows) * len(col_windows), -1)  # (windows, L)
+    for row_places, row_windows in _axis_windows(H, ws, shift).items():
+        for col_places, col_windows in _axis_windows(W, ws, shift).items():
+            n_windows = len(row_windows) * len(col_windows)
+            rows, row_regions = (torch.tensor(list(t), device=device) for t in zip(*row_windows))  # (row w., r)
+            cols, col_regions = (torch.tensor(list(t), device=device) for t in zip(*col_windows))  # (col w., c)
+            tokens = (rows[:, None, :, None] * W + cols[None, :, None, :]).reshape(n_windows, -1)  # (windows, L)
             places = (torch.tensor(row_places, device=device)[:, None] * ws
                       + torch.tensor(col_places, device=device)[None, :]).flatten()  # (L,)
-            region = (torch.tensor(row_regions, device=device)[:, None] * 3
-                      + torch.tensor(col_regions, device=device)[None, :]).flatten()  # (L,)
             mask = None
-            if len(set(row_regions)) > 1 or len(set(col_regions)) > 1:
-                blocked = region[:, None] != region[None, :]  # (L, L)
+            if any(len(set(r)) > 1 for _, r in row_windows) or any(len(set(c)) > 1 for _, c in col_windows):
+                region = (row_regions[:, None, :, None] * 3 + col_regions[None, :, None, :]).reshape(n_windows, -1)
+                blocked = region[:, :, None] != region[:, None, :]  # (windows, L, L)
                 mask = torch.zeros(blocked.shape, device=device).masked_fill(blocked, MASK_VALUE)
             groups.append(WindowGroup(tokens, index[places[:, None], places[None, :]], mask))
     order = torch.argsort(torch.cat([g.tokens.flatten() for g in groups]))  # (H * W,)
@@ -121,7 +121,8 @@ class SwinAttention(TokenMixer):
 
     Each window attends over its real tokens only (`window_groups`): the outputs are those of Swin's padded grid
     with the padded keys masked, and no work is spent on padding, neither in the projections nor in attention.
-    Like windows run as one batch, so a grid the window divides runs one SDPA call per shift-region pattern.
+    Like windows run as one batch: a grid the window divides runs one SDPA call, as Swin's; one it does not, a few
+    (`window_groups`).
     """
 
     def __init__(self, dim: int, num_heads: int, *, layer_idx: int = 0, window_size: int = 7,
@@ -184,9 +185,11 @@ class SwinAttention(TokenMixer):
             q, k, v = rearrange(windows, "b (nw l) (three h d) -> three b (nw h) l d",
                                 nw=n_windows, three=3, h=h)  # 3 x (B, nW * heads, L, head_dim)
             bias = rearrange(self.relative_position_bias_table[group.bias_index], "i j h -> h i j")  # (h, L, L)
-            if group.mask is not None:
-                bias = bias + group.mask
-            attn_mask = bias.expand(n_windows, -1, -1, -1).reshape(n_windows * h, L, L).to(q.dtype)
+            if group.mask is None:
+                attn_mask = bias.expand(n_windows, -1, -1, -1)  # (nW, h, L, L)
+            else:
+                attn_mask = bias.unsqueeze(0) + group.mask.unsqueeze(1)  # (nW, h, L, L)
+            attn_mask = attn_mask.reshape(n_windows * h, L, L).to(q.dtype)  # (nW * h, L, L)
             self.impl = sdpa_backend_name(q, k, v, attn_mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, nW * heads, L, head_dim)
             outs.append(rearrange(out, "b (nw h) l d -> b (nw l) (h d)", nw=n_windows, h=h))  # (B, nW * L, C)
@@ -208,7 +211,7 @@ class SwinAttention(TokenMixer):
         """(query, key) pairs of real tokens that share a window: the size of the scores this layer computes."""
         def squares(size: int) -> int:  # sum over one axis's windows of (real rows in the window)^2
             windows = _axis_windows(size, self.window_size, self.shift)
-            return sum(len(places) ** 2 * len(rows) for (places, _), rows in windows.items())
+            return sum(len(places) ** 2 * len(of_kind) for places, of_kind in windows.items())
 
         # A window with r real rows and c real columns holds (r c)^2 pairs, so the sum factors over the axes.
         return squares(grid[0]) * squares(grid[1])
