@@ -176,7 +176,7 @@ class SwinAttention(TokenMixer):
         h = self.num_heads
         groups, order = self._groups(grid, x.device)
         qkv = self.qkv(x)  # (B, N, 3C)
-        outs = []
+        outs, labelled = [], None
         for group in groups:
             n_windows, L = group.tokens.shape
             windows = qkv.index_select(1, group.tokens.flatten())  # (B, nW * L, 3C), window by window
@@ -190,9 +190,12 @@ class SwinAttention(TokenMixer):
             else:
                 attn_mask = bias.unsqueeze(0) + group.mask.unsqueeze(1)  # (nW, h, L, L)
             attn_mask = attn_mask.reshape(n_windows * h, L, L).to(q.dtype)  # (nW * h, L, L)
-            self.impl = sdpa_backend_name(q, k, v, attn_mask)
+            labelled = labelled or (q, k, v, attn_mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, nW * heads, L, head_dim)
             outs.append(rearrange(out, "b (nw h) l d -> b (nw l) (h d)", nw=n_windows, h=h))  # (B, nW * L, C)
+        # Labelled after the loop, by the first group's call: the backend query is a graph break under
+        # torch.compile, and one inside the loop would send the whole forward back to eager.
+        self.impl = sdpa_backend_name(*labelled)
         out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # (B, N, C), in the groups' order
         return self.proj(out.index_select(1, order))  # (B, N, C), in the grid's order
 

@@ -191,6 +191,20 @@ def test_no_work_on_padding():
     assert swin.macs((4, 4)) < swin.macs((7, 7))
 
 
+def test_compiles_its_window_groups():
+    """Under torch.compile, a grid the window does not divide (several window groups, a Python loop over them)
+    traces into as many graphs as one it divides: a graph break inside the loop would send the whole forward back to
+    eager (the backend label once did, making compiled swin slower than eager there)."""
+    import torch._dynamo
+
+    def graphs(grid):
+        torch._dynamo.reset()
+        mixer = make(layer_idx=1)
+        return torch._dynamo.explain(mixer)(tokens(grid), grid).graph_count
+
+    assert graphs((9, 9)) == graphs((7, 7))
+
+
 @pytest.mark.parametrize("layer_idx", [0, 1])
 @pytest.mark.parametrize("grid,window_size", [((14, 14), 7), ((7, 7), 7), ((8, 12), 4), ((6, 9), 3)])
 def test_matches_timm(grid, window_size, layer_idx):
