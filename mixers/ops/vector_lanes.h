@@ -1,8 +1,8 @@
 // Element-wise math the compiled CPU kernels share (mixers/ops/*/cpp_*.cpp): a float exp written so the compiler
-// vectorises it without -ffast-math, sigmoid and silu on it, and the 16-float vector type the AVX-512 builds write
-// loops in. Header-only, in an anonymous namespace, so each kernel's library has its own copy; the builds track it
-// as a dependency of the source that includes it (torch's ninja files keep gcc's dependency lists), so editing it
-// rebuilds them.
+// vectorises it without -ffast-math, sigmoid and silu on it, and the 16- and 8-float vector types the AVX-512 and
+// AVX2 builds write loops in. Header-only, in an anonymous namespace, so each kernel's library has its own copy;
+// the builds track it as a dependency of the source that includes it (torch's ninja files keep gcc's dependency
+// lists), so editing it rebuilds them.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -33,6 +33,14 @@ constexpr bool kRegister8 = true;
 #else
 constexpr bool kRegister8 = false;
 #endif
+// The wider of the two that is one register in this build (F16 on AVX-512, F8 on AVX2; kRegisterVector: either),
+// for the loops written in vectors on both.
+#if defined(__AVX512F__)
+typedef F16 FRegister;
+#else
+typedef F8 FRegister;
+#endif
+constexpr bool kRegisterVector = kRegister16 || kRegister8;
 
 // The integer type of a float's bits, or of a vector's: exp_lane is one source for the loops the compiler vectorises
 // (float) and those written in vectors (F16, F8).

@@ -408,8 +408,7 @@ struct Block {
   // where the build has them (`load_in`; on AVX-512 with its exp and division, vector_lanes.h). Stubbed out,
   // softplus had been a fifth of the forward at 1,024 tokens.
   void load(const T* uw, const T* dw, int64_t steps, T* dtw, T* duw) const {
-    if constexpr (kRegister16 && std::is_same_v<T, float>) return load_in<F16>(uw, dw, steps, dtw, duw);
-    if constexpr (kRegister8 && std::is_same_v<T, float>) return load_in<F8>(uw, dw, steps, dtw, duw);
+    if constexpr (kRegisterVector && std::is_same_v<T, float>) return load_in<FRegister>(uw, dw, steps, dtw, duw);
     for (int64_t j = 0; j < steps; ++j) {
       const T *ur = uw + j * kBlock, *dr = dw + j * kBlock;
       T *dt = dtw + j * kBlock, *du = duw + j * kBlock;
@@ -446,8 +445,7 @@ struct Block {
 
   // The tile's gates silu(z), in place in the z window, before its steps (for the reason `load` gives).
   void gate(T* zw, int64_t steps) const {
-    if constexpr (kRegister16 && std::is_same_v<T, float>) return gate_in<F16>(zw, steps);  // as in `load`
-    if constexpr (kRegister8 && std::is_same_v<T, float>) return gate_in<F8>(zw, steps);
+    if constexpr (kRegisterVector && std::is_same_v<T, float>) return gate_in<FRegister>(zw, steps);  // as `load`
     for (int64_t j = 0; j < steps; ++j) {
       T* zr = zw + j * kBlock;
 #pragma omp simd
@@ -456,14 +454,14 @@ struct Block {
   }
   template <class V>
   void gate_in(float* zw, int64_t steps) const {
+    constexpr int64_t lanes = sizeof(V) / sizeof(float);
     V zr;
-    for (int64_t i = 0; i < steps * kBlock; i += sizeof(V) / sizeof(float)) {
+    for (int64_t i = 0; i < steps * kBlock; i += lanes) {
       std::memcpy(&zr, zw + i, sizeof zr);
       zr = silu_lane(zr);
       std::memcpy(zw + i, &zr, sizeof zr);
     }
   }
-
 
   // The step's output row: (core + D u) silu(z), the gate's row where given (`gate`). Two loops, not
   // `gr ? ... : ...` inside one: that form ran several times slower without z (vmamba) on an Intel Xeon when u was
