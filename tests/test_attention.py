@@ -57,9 +57,9 @@ def test_compiles_into_one_graph_and_names_its_kernel(mixer: str) -> None:
     torch._dynamo.reset()
     module = create_mixer(mixer, DIM, HEADS)
     x, grid = torch.randn(2, 49, DIM), (7, 7)
-    module(x, grid)  # fills swin's per-grid cache, whose first build adds a graph of its own
+    module(x, grid)  # builds swin's per-grid cache, whose first build is traced apart
     explained = torch._dynamo.explain(module)(x, grid)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     eager_label, module.impl = module.impl, "unset"
     torch.compile(module)(x, grid)
-    assert module.impl == eager_label
+    assert module.impl == eager_label != "sdpa"
