@@ -14,9 +14,6 @@ from .registry import register_mixer
 _SDPA_BACKENDS = {0: "sdpa_math", 1: "sdpa_flash", 2: "sdpa_efficient", 3: "sdpa_cudnn", 4: "sdpa_overrideable"}
 
 
-# A constant to torch.compile: the label is taken once, when the graph is traced (so it names the kernel the graph
-# was built with), where the query's integer result would otherwise split each block's graph in two.
-@torch.compiler.assume_constant_result
 def sdpa_backend_name(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None) -> str:
     """Name of the backend `F.scaled_dot_product_attention` picks for these inputs under the current settings.
 

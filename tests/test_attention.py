@@ -46,20 +46,3 @@ def test_gradients_agree() -> None:
     (g_fused,) = torch.autograd.grad(fused(x, (5, 7)).sin().sum(), x)
     (g_naive,) = torch.autograd.grad(naive(x, (5, 7)).sin().sum(), x)
     torch.testing.assert_close(g_fused, g_naive, rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("mixer", ["attention", "swin"])
-def test_compiles_into_one_graph_and_names_its_kernel(mixer: str) -> None:
-    """The SDPA backend label does not split the compiled graph (its query returns an int, which Dynamo cannot put
-    in a graph), and a compiled call still says which kernel it was built with."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    module = create_mixer(mixer, DIM, HEADS)
-    x, grid = torch.randn(2, 49, DIM), (7, 7)
-    module(x, grid)  # builds swin's per-grid cache, whose first build is traced apart
-    explained = torch._dynamo.explain(module)(x, grid)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    eager_label, module.impl = module.impl, "unset"
-    torch.compile(module)(x, grid)
-    assert module.impl == eager_label != "sdpa"

@@ -194,7 +194,7 @@ def test_no_work_on_padding():
 def test_compiles_its_window_groups():
     """Under torch.compile, a grid the window does not divide (several window groups, a Python loop over them)
     traces into as many graphs as one it divides: a graph break inside the loop would send the whole forward back to
-    eager (the backend label's query once did, making compiled swin slower than eager there)."""
+    eager (the backend label once did, making compiled swin slower than eager there)."""
     import torch._dynamo
 
     def graphs(grid):
