@@ -234,7 +234,8 @@ inline void row_sums(const T* rows, int64_t N, T* a, T* b) {
   row_sums_scalar(rows, 0, 2 * N, N, a, b);
 }
 
-// The shuffle networks below (row sums, tile transposes) are built where 16 floats are one register (kRegister16).
+// The shuffle networks below (row sums, tile transposes) are built where 16 floats are one register (kRegister16);
+// AVX2 builds have their own tile transposes after them (kRegisterVector covers both).
 #if defined(__AVX512F__)
 static_assert(kBlock == 16, "the network below sums rows of 16 floats");
 #if defined(__clang__)
