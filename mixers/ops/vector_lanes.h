@@ -69,14 +69,16 @@ __attribute__((always_inline)) inline V exp_reduced(V x, V& biased) {
 // rounding; about 2 ulp after), 2^n written into the exponent bits. With Cephes' expf (degree 6, separate clamps and
 // conversions) the scan's forward took 20% longer on AVX-512 and 39% longer on AVX2 (1,024 tokens, one thread).
 // Below -87.3 the result would be below float's smallest normal and is flushed to 0 (a denormal decay slows every
-// later step); x is capped at 88 so the bits stay finite (the scan's exponents are <= 0). NaN goes through the
-// arithmetic.
+// later step). NaN goes through the arithmetic.
+//
+// For x <= 88 only (the exponent bits overflow above): the callers' arguments that are <= 0 by construction
+// (softplus's and sigmoid's exp(-|x|), the scan's decays where delta went through softplus and A <= 0) skip the cap
+// exp_lane adds, two of its seventeen vector operations.
 template <class V>
-__attribute__((always_inline)) inline V exp_lane(V x) {
-  const V cap = V{} + 88.0f, floor = V{} - 87.3f, zero = V{};  // V{} + c: c, or c in every lane
-  const V xc = x > cap ? cap : x;
+__attribute__((always_inline)) inline V exp_nonpositive_lane(V x) {
+  const V floor = V{} - 87.3f, zero = V{};  // V{} + c: c, or c in every lane
   V biased;
-  const V p = exp_reduced(xc, biased);
+  const V p = exp_reduced(x, biased);
   typename BitsOf<V>::type bits;
   std::memcpy(&bits, &biased, sizeof bits);
   bits = (bits - 0x4B400000 + 127) << 23;  // n from biased's low bits (those of 1.5 * 2^23 taken off), plus the bias
@@ -84,6 +86,13 @@ __attribute__((always_inline)) inline V exp_lane(V x) {
   std::memcpy(&scale, &bits, sizeof scale);
   const V out = p * scale;
   return x < floor ? zero : out;
+}
+
+// exp for any x: capped at 88, so the bits stay finite.
+template <class V>
+__attribute__((always_inline)) inline V exp_lane(V x) {
+  const V cap = V{} + 88.0f;
+  return exp_nonpositive_lane(x > cap ? cap : x);
 }
 
 #if defined(__AVX512F__)
@@ -98,9 +107,14 @@ __attribute__((always_inline)) inline F16 exp_lane<F16>(F16 x) {
   const __mmask16 normal = _mm512_cmp_ps_mask(__m512(x), _mm512_set1_ps(-87.3f), _CMP_NLT_UQ);
   return F16(_mm512_maskz_scalef_ps(normal, __m512(p), __m512(biased - kShifter)));
 }
+template <>
+__attribute__((always_inline)) inline F16 exp_nonpositive_lane<F16>(F16 x) {
+  return exp_lane(x);  // vscalefps needs no cap
+}
 #endif
 
 inline double exp_lane(double x) { return std::exp(x); }
+inline double exp_nonpositive_lane(double x) { return std::exp(x); }
 
 // a / b; in 16-float registers (AVX-512) a times b's reciprocal from vrcp14ps refined by one Newton step (relative
 // error about 2^-28 before rounding, so the quotient is within an ulp or two of the division's), where a vector
@@ -124,7 +138,7 @@ __attribute__((always_inline)) inline F16 divide_lane<F16>(F16 a, F16 b) {
 template <class T>
 __attribute__((always_inline)) inline T sigmoid_lane(T x) {
   const T zero = T{}, one = T{} + 1.0f;
-  const T e = exp_lane(x < zero ? x : -x);
+  const T e = exp_nonpositive_lane(x < zero ? x : -x);
   return divide_lane(x < zero ? e : one, one + e);
 }
 

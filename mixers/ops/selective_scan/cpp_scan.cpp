@@ -72,7 +72,7 @@ template <class T>
 __attribute__((always_inline)) inline T softplus_lane(T x) {
   const T zero = T{};
   const T ax = x < zero ? -x : x;
-  const T out = (x > zero ? x : zero) + log1p_lane(exp_lane(-ax));
+  const T out = (x > zero ? x : zero) + log1p_lane(exp_nonpositive_lane(-ax));
   return x > 20.0f ? x : out;
 }
 
@@ -100,15 +100,15 @@ struct Shape {
 };
 
 // One state n over a block's channels: h_out <- exp(dt A_n) h_in + du b_n, the decays kept (KeepDecay),
-// y += c_n h_out (ReadOut). h_in and h_out are one buffer, or (the backward's recompute) the previous step's state
+// y += c_n h_out (ReadOut); Nonpositive: dt A_n <= 0 is known (Block::nonpositive), so exp needs no cap. h_in and h_out are one buffer, or (the backward's recompute) the previous step's state
 // and the current one's: each lane reads its own element before writing it, so either is safe. A free function
 // with compile-time flags, so the loop vectorises.
-template <class T, bool KeepDecay, bool ReadOut>
+template <class T, bool KeepDecay, bool ReadOut, bool Nonpositive>
 inline void update_lanes(const T* __restrict dt, const T* __restrict An, const T* __restrict du, T bn, T cn,
                          const T* h_in, T* h_out, T* __restrict an, T* __restrict y) {
 #pragma omp simd
   for (int64_t c = 0; c < kBlock; ++c) {
-    const T decay = exp_lane(dt[c] * An[c]);
+    const T decay = Nonpositive ? exp_nonpositive_lane(dt[c] * An[c]) : exp_lane(dt[c] * An[c]);
     const T hv = decay * h_in[c] + du[c] * bn;
     h_out[c] = hv;
     if constexpr (KeepDecay) an[c] = decay;
@@ -364,6 +364,7 @@ struct Block {
   T skip[kBlock] = {};
   T mask[kBlock] = {};  // 1 for the block's channels, 0 past nd
   bool softplus = false;
+  bool nonpositive = false;  // every dt A <= 0: dt from softplus (>= 0) and the block's A <= 0, as Mamba's always are
 
   Block(const Shape& shape, const Strides* strides, int64_t item, const T* A_in, const T* delta_bias = nullptr,
         const T* D_in = nullptr, bool softplus_in = false)
@@ -379,6 +380,7 @@ struct Block {
     At = N > 64 ? A_heap.data() : A;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < kBlock; ++c) At[n * kBlock + c] = c < nd ? A_in[(d0 + c) * N + n] : T(0);
+    nonpositive = softplus && std::all_of(At, At + N * kBlock, [](T a) { return a <= T(0); });
     for (int64_t c = 0; c < nd; ++c) {
       bias[c] = delta_bias ? delta_bias[d0 + c] : T(0);
       skip[c] = D_in ? D_in[d0 + c] : T(0);
@@ -519,9 +521,17 @@ struct Block {
     }
     if (ReadOut)
       for (int64_t c = 0; c < kBlock; ++c) y[c] = T(0);
-    for (int64_t n = 0; n < N; ++n)
-      update_lanes<T, KeepDecay, ReadOut>(dt, At + n * kBlock, du, Bt[n], ReadOut ? Ct[n] : T(0), h_in + n * kBlock,
-                                          h_out + n * kBlock, KeepDecay ? a + n * kBlock : nullptr, y);
+    if (nonpositive)
+      states<KeepDecay, ReadOut, true>(dt, du, Bt, Ct, h_in, h_out, a, y);
+    else
+      states<KeepDecay, ReadOut, false>(dt, du, Bt, Ct, h_in, h_out, a, y);
+  }
+  template <bool KeepDecay, bool ReadOut, bool Nonpositive>
+  void states(const T* dt, const T* du, const T* Bt, const T* Ct, const T* h_in, T* h_out, T* a, T* y) const {
+    for (int64_t n = 0; n < s.d_state; ++n)
+      update_lanes<T, KeepDecay, ReadOut, Nonpositive>(dt, At + n * kBlock, du, Bt[n], ReadOut ? Ct[n] : T(0),
+                                                       h_in + n * kBlock, h_out + n * kBlock,
+                                                       KeepDecay ? a + n * kBlock : nullptr, y);
   }
 };
 
