@@ -100,9 +100,10 @@ struct Shape {
 };
 
 // One state n over a block's channels: h_out <- exp(dt A_n) h_in + du b_n, the decays kept (KeepDecay),
-// y += c_n h_out (ReadOut); Nonpositive: dt A_n <= 0 is known (Block::nonpositive), so exp needs no cap. h_in and h_out are one buffer, or (the backward's recompute) the previous step's state
-// and the current one's: each lane reads its own element before writing it, so either is safe. A free function
-// with compile-time flags, so the loop vectorises.
+// y += c_n h_out (ReadOut); Nonpositive: dt A_n <= 0 is known (Block::nonpositive), so exp needs no cap. h_in and
+// h_out are one buffer, or (the backward's recompute) the previous step's state and the current one's: each lane
+// reads its own element before writing it, so either is safe. A free function with compile-time flags, so the loop
+// vectorises.
 template <class T, bool KeepDecay, bool ReadOut, bool Nonpositive>
 inline void update_lanes(const T* __restrict dt, const T* __restrict An, const T* __restrict du, T bn, T cn,
                          const T* h_in, T* h_out, T* __restrict an, T* __restrict y) {
@@ -328,7 +329,8 @@ inline void transpose_8(const float* src, int64_t src_stride, float* dst, int64_
 // element by element took a third of its scan at the micro preset (AMD EPYC).
 inline void transpose_16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
   for (int64_t i = 0; i < 16; i += 8)
-    for (int64_t j = 0; j < 16; j += 8) transpose_8(src + i * src_stride + j, src_stride, dst + j * dst_stride + i, dst_stride);
+    for (int64_t j = 0; j < 16; j += 8)
+      transpose_8(src + i * src_stride + j, src_stride, dst + j * dst_stride + i, dst_stride);
 }
 #endif
 
