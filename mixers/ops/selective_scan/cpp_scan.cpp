@@ -119,7 +119,9 @@ inline void update_lanes(const T* __restrict dt, const T* __restrict An, const T
 
 // update_lanes over all N states with the output read out (ReadOut), in 16-float registers (kRegister16 builds):
 // y is summed in two registers, where the compiler's loop stored and reloaded it after every state, a chain of
-// store-to-load latencies through the step (about a tenth of the forward at 1,024 tokens).
+// store-to-load latencies through the step (about a tenth of the forward at 1,024 tokens). Not on AVX2: written so in
+// 8-float registers the forward ran 5-12% slower (AMD EPYC), its 16 registers spilling, and there GCC's loop already
+// keeps y in registers.
 template <bool KeepDecay>
 inline void read_out_16(int64_t N, const float* dt, const float* At, const float* du, const float* Bt, const float* Ct,
                         const float* h_in, float* h_out, float* a, float* y) {
@@ -326,7 +328,7 @@ inline void transpose_8(const float* src, int64_t src_stride, float* dst, int64_
 }
 
 // The 16 x 16 tile of the AVX-512 build's transpose_16, as four 8 x 8 ones: vmamba's channel-major windows, which
-// element by element took a third of its scan at the micro preset (AMD EPYC).
+// element by element took about 30% of its scan's forward (AMD EPYC, micro and tiny presets).
 inline void transpose_16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
   for (int64_t i = 0; i < 16; i += 8)
     for (int64_t j = 0; j < 16; j += 8)
