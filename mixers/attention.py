@@ -75,8 +75,7 @@ class Attention(TokenMixer):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """softmax(q k^T / sqrt(d)) v for (B, heads, N, head_dim) inputs."""
-        if not torch.compiler.is_compiling():  # the label's query would split the graph: compiled calls keep eager's
-            self.impl = sdpa_backend_name(q, k, v)
+        self.impl = sdpa_backend_name(q, k, v)
         return F.scaled_dot_product_attention(q, k, v)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:

@@ -193,11 +193,9 @@ class SwinAttention(TokenMixer):
             labelled = labelled or (q, k, v, attn_mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, nW * heads, L, head_dim)
             outs.append(rearrange(out, "b (nw h) l d -> b (nw l) (h d)", nw=n_windows, h=h))  # (B, nW * L, C)
-        # Labelled by the first group's call, in eager calls only: the backend query (an int Dynamo cannot put in a
-        # graph) would split a compiled graph, and inside the loop send the whole forward back to eager; compiled
-        # calls keep the label of the last eager one (the sweeps read it after an eager call).
-        if not torch.compiler.is_compiling():
-            self.impl = sdpa_backend_name(*labelled)
+        # Labelled after the loop, by the first group's call: the backend query is a graph break under
+        # torch.compile, and one inside the loop would send the whole forward back to eager.
+        self.impl = sdpa_backend_name(*labelled)
         out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # (B, N, C), in the groups' order
         return self.proj(out.index_select(1, order))  # (B, N, C), in the grid's order
 

@@ -46,19 +46,3 @@ def test_gradients_agree() -> None:
     (g_fused,) = torch.autograd.grad(fused(x, (5, 7)).sin().sum(), x)
     (g_naive,) = torch.autograd.grad(naive(x, (5, 7)).sin().sum(), x)
     torch.testing.assert_close(g_fused, g_naive, rtol=1e-10, atol=1e-10)
-
-
-def test_compiles_into_one_graph_and_keeps_the_eager_label() -> None:
-    """The SDPA backend label's query (it returns an int, which Dynamo cannot put in a graph) is skipped under
-    torch.compile, so a block compiles into one graph; a compiled call leaves the label of the last eager call."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    module = create_mixer("attention", DIM, HEADS)
-    x, grid = torch.randn(2, 49, DIM), (7, 7)
-    explained = torch._dynamo.explain(module)(x, grid)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    module(x, grid)
-    eager_label = module.impl
-    torch.compile(module)(x, grid)
-    assert module.impl == eager_label
