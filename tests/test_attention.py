@@ -46,3 +46,18 @@ def test_gradients_agree() -> None:
     (g_fused,) = torch.autograd.grad(fused(x, (5, 7)).sin().sum(), x)
     (g_naive,) = torch.autograd.grad(naive(x, (5, 7)).sin().sum(), x)
     torch.testing.assert_close(g_fused, g_naive, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "swin"])
+def test_a_compiled_call_names_its_kernel_as_an_eager_call_does(mixer: str) -> None:
+    """A compiled sweep point never calls its model eagerly, and its row reads `impl` after compiled calls only: a
+    compiled call must set the label itself (a guard that skipped the query under torch.compile, to save the graph
+    break, left the initial label in those rows)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x, grid = torch.randn(2, 49, DIM), (7, 7)
+    eager, compiled = create_mixer(mixer, DIM, HEADS), create_mixer(mixer, DIM, HEADS)
+    eager(x, grid)
+    torch.compile(compiled)(x, grid)
+    assert compiled.impl == eager.impl
