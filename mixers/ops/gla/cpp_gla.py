@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from .. import cpu_kernels
+from ..eager_op import EagerOp
 from ..gated_recurrence import backward_into, forward_into
 from ..precision import compute_dtype
 from .chunk import chunk_gla_macs
@@ -29,7 +30,7 @@ def gla_recurrent_cpp(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float |
         raise ValueError(f"gla_recurrent_cpp: chunk_size must be >= 1, got {chunk_size}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     one_way = (t.unsqueeze(0) for t in (q, k, v, g))  # (1, B, H, L, *): one direction
-    return torch.ops.mixerbench.gla_recurrent_cpp(*one_way, float(scale), chunk_size)[0].to(q.dtype)
+    return _gla_call(*one_way, float(scale), chunk_size)[0].to(q.dtype)
 
 
 def gla_both_ways_cpp(q: Tensor, k: Tensor, v: Tensor, g_forward: Tensor, g_backward: Tensor,
@@ -41,13 +42,11 @@ def gla_both_ways_cpp(q: Tensor, k: Tensor, v: Tensor, g_forward: Tensor, g_back
         raise ValueError(f"gla_both_ways_cpp: chunk_size must be >= 1, got {chunk_size}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     shared = (t.unsqueeze(0).expand(2, *t.shape) for t in (q, k, v))  # one tensor read by both directions
-    out = torch.ops.mixerbench.gla_recurrent_cpp(*shared, torch.stack([g_forward, g_backward]), float(scale),
-                                                 chunk_size)
+    out = _gla_call(*shared, torch.stack([g_forward, g_backward]), float(scale), chunk_size)
     return out.sum(0).to(q.dtype)  # its backward hands both directions one gradient (stride 0), no copies
 
 
 # The ops take (D, B, H, L, *) tensors: D = 1 is the causal GLA, D = 2 adds the anti-causal one as direction 1.
-@torch.library.custom_op("mixerbench::gla_recurrent_cpp", mutates_args=())
 def _gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, chunk_size: int) -> Tensor:
     compute = compute_dtype(q)
     q, k, v, g = (cpu_kernels.last_adjacent(t.to(compute)) for t in (q, k, v, g))
@@ -56,12 +55,14 @@ def _gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, chunk_size: i
     return out
 
 
-@_gla.register_fake
+_gla_op = torch.library.custom_op("mixerbench::gla_recurrent_cpp", _gla, mutates_args=())
+
+
+@_gla_op.register_fake
 def _gla_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, chunk_size: int) -> Tensor:
     return q.new_empty(*q.shape[:4], v.shape[-1], dtype=compute_dtype(q))
 
 
-@torch.library.custom_op("mixerbench::gla_recurrent_cpp_bwd", mutates_args=())
 def _gla_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dg) in the compute dtype, contiguous, shaped as q, k, v, g (an input shared by the directions,
@@ -73,7 +74,11 @@ def _gla_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scal
     return grads
 
 
-@_gla_backward.register_fake
+_gla_backward_op = torch.library.custom_op("mixerbench::gla_recurrent_cpp_bwd", _gla_backward, mutates_args=())
+_gla_backward_call = EagerOp(torch.ops.mixerbench.gla_recurrent_cpp_bwd, _gla_backward)
+
+
+@_gla_backward_op.register_fake
 def _gla_backward_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return tuple(t.new_empty(t.shape, dtype=compute_dtype(q)) for t in (q, k, v, g))
@@ -87,11 +92,13 @@ def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
 
 def _backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:
     q, k, v, g = ctx.saved_tensors
-    grads = torch.ops.mixerbench.gla_recurrent_cpp_bwd(dout, q, k, v, g, ctx.scale)
+    grads = _gla_backward_call(dout, q, k, v, g, ctx.scale)
     return (*(d.to(t.dtype) for d, t in zip(grads, (q, k, v, g))), None, None)
 
 
-_gla.register_autograd(_backward, setup_context=_setup_context)
+_gla_op.register_autograd(_backward, setup_context=_setup_context)
+# The op, or in plain eager on the CPU the same functions without the dispatcher (mixers/ops/eager_op.py).
+_gla_call = EagerOp(torch.ops.mixerbench.gla_recurrent_cpp, _gla, _setup_context, _backward)
 
 
 @register_flop_formula(torch.ops.mixerbench.gla_recurrent_cpp)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .. import cpu_kernels
+from ..eager_op import EagerOp
 from . import cpp_norm_gate
 from .reference import rms_norm_gated_reference
 
@@ -37,7 +38,7 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Tensor, eps: float, group_size:
                          f"of the group size; got z {tuple(z.shape)}, weight {tuple(weight.shape)}")
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or not cpp_norm_gate.runs(x, weight, z):
         return rms_norm_gated_reference(x, weight, z, eps, size)
-    return torch.ops.mixerbench.rms_norm_gated(x.flatten(0, -2), weight, z.flatten(0, -2), eps).view(x.shape)
+    return _norm_gate_call(x.flatten(0, -2), weight, z.flatten(0, -2), eps).view(x.shape)
 
 
 def _channels_adjacent(*tensors: Tensor) -> tuple[Tensor, ...]:
@@ -45,18 +46,19 @@ def _channels_adjacent(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # The op takes x and z as (R, C) and the weight as (S,); the groups are C / S.
-@torch.library.custom_op("mixerbench::rms_norm_gated", mutates_args=())
 def _norm_gate(x: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
     x, z = _channels_adjacent(x, z)
     return cpp_norm_gate.forward(x, weight.contiguous(), z, eps)
 
 
-@_norm_gate.register_fake
+_norm_gate_op = torch.library.custom_op("mixerbench::rms_norm_gated", _norm_gate, mutates_args=())
+
+
+@_norm_gate_op.register_fake
 def _norm_gate_fake(x: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("mixerbench::rms_norm_gated_backward", mutates_args=())
 def _norm_gate_backward(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, eps: float
                         ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dweight, dz), contiguous."""
@@ -64,7 +66,12 @@ def _norm_gate_backward(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, eps: f
     return cpp_norm_gate.backward(dy.contiguous(), x, weight.contiguous(), z, eps)
 
 
-@_norm_gate_backward.register_fake
+_norm_gate_backward_op = torch.library.custom_op("mixerbench::rms_norm_gated_backward", _norm_gate_backward,
+                                                 mutates_args=())
+_norm_gate_backward_call = EagerOp(torch.ops.mixerbench.rms_norm_gated_backward, _norm_gate_backward)
+
+
+@_norm_gate_backward_op.register_fake
 def _norm_gate_backward_fake(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, eps: float
                              ) -> tuple[Tensor, Tensor, Tensor]:
     return x.new_empty(x.shape), weight.new_empty(weight.shape), x.new_empty(x.shape)
@@ -78,10 +85,12 @@ def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
 
 def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
     x, weight, z = ctx.saved_tensors
-    dx, dweight, dz = torch.ops.mixerbench.rms_norm_gated_backward(dy, x, weight, z, ctx.eps)
+    dx, dweight, dz = _norm_gate_backward_call(dy, x, weight, z, ctx.eps)
     return dx, dweight, dz, None
 
 
-_norm_gate.register_autograd(_backward, setup_context=_setup_context)
+_norm_gate_op.register_autograd(_backward, setup_context=_setup_context)
+# The op, or in plain eager on the CPU the same functions without the dispatcher (mixers/ops/eager_op.py).
+_norm_gate_call = EagerOp(torch.ops.mixerbench.rms_norm_gated, _norm_gate, _setup_context, _backward)
 
 __all__ = ["rms_norm_gated", "rms_norm_gated_reference"]

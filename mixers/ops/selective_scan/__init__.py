@@ -37,7 +37,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ...base import CUSTOM_OP_MACS
 from . import cpp_scan, triton_scan
-from .cpp_scan import selective_scan_cpp
+from .cpp_scan import selective_scan_cpp, selective_scan_cpp_call
 from .naive import selective_scan_loop, selective_scan_reference
 from .stream import selective_scan_stream
 
@@ -270,7 +270,7 @@ def _scan(name: str, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, 
         )
         return y
     if name == "cpp_loop":
-        return torch.ops.mixerbench.selective_scan_cpp(u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse)
+        return selective_scan_cpp_call(u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse)
     if reverse:
         u, delta, B, C, z = (_flip_time(t) for t in (u, delta, B, C, z))
     if name == "mamba_ssm_cuda":

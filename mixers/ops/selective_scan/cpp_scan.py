@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .. import cpu_kernels
 from ..cpu_kernels import pointer
+from ..eager_op import EagerOp
 from ..precision import compute_dtype
 from .naive import grouped
 
@@ -155,7 +156,6 @@ def selective_scan_cpp(
         return y.to(u.dtype)
 
 
-@torch.library.custom_op("mixerbench::selective_scan_cpp_bwd", mutates_args=())
 def _scan_backward(
     dy: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
     delta_bias: Tensor | None, delta_softplus: bool, reverse: bool,
@@ -196,7 +196,11 @@ def _scan_backward(
     return du, d_delta, dA_part.sum(0), dB, dC, dD, dz, d_bias
 
 
-@_scan_backward.register_fake
+_scan_backward_op = torch.library.custom_op("mixerbench::selective_scan_cpp_bwd", _scan_backward, mutates_args=())
+_scan_backward_call = EagerOp(torch.ops.mixerbench.selective_scan_cpp_bwd, _scan_backward)
+
+
+@_scan_backward_op.register_fake
 def _scan_backward_fake(
     dy: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
     delta_bias: Tensor | None, delta_softplus: bool, reverse: bool,
@@ -217,14 +221,12 @@ def _cpp_backward(dy: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C:
                   reverse: bool) -> tuple[Tensor | None, ...]:
     """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias) in the inputs' dtypes, None where the input was
     None."""
-    grads = torch.ops.mixerbench.selective_scan_cpp_bwd(dy, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                                                         reverse)
+    grads = _scan_backward_call(dy, u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse)
     inputs = (u, delta, A, B, C, D, z, delta_bias)
     return tuple(None if t is None else g.to(t.dtype) for g, t in zip(grads, inputs))
 
 
-@torch.library.custom_op("mixerbench::selective_scan_cpp", mutates_args=())
-def _selective_scan_cpp_op(
+def _selective_scan_cpp_impl(
     u: Tensor,
     delta: Tensor,
     A: Tensor,
@@ -237,6 +239,10 @@ def _selective_scan_cpp_op(
     reverse: bool,
 ) -> Tensor:
     return selective_scan_cpp(u, delta, A, B, C, D, z, delta_bias, delta_softplus, reverse=reverse)
+
+
+_selective_scan_cpp_op = torch.library.custom_op("mixerbench::selective_scan_cpp", _selective_scan_cpp_impl,
+                                                 mutates_args=())
 
 
 @_selective_scan_cpp_op.register_fake
@@ -270,3 +276,6 @@ def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
 
 
 _selective_scan_cpp_op.register_autograd(_backward, setup_context=_setup_context)
+# What `selective_scan` calls: the op, or in plain eager on the CPU the same functions without the dispatcher.
+selective_scan_cpp_call = EagerOp(torch.ops.mixerbench.selective_scan_cpp, _selective_scan_cpp_impl, _setup_context,
+                                  _backward)

@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from .. import cpu_kernels
+from ..eager_op import EagerOp
 from ..gated_recurrence import backward_into, forward_into
 from ..precision import compute_dtype
 from .chunk import chunk_ssd_macs
@@ -32,7 +33,7 @@ def ssd_recurrent_cpp(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: in
     if chunk_size < 1:
         raise ValueError(f"ssd_recurrent_cpp: chunk_size must be >= 1, got {chunk_size}")
     one_way = (t.unsqueeze(0) for t in (x, a, b, c))  # a direction axis of 1
-    return torch.ops.mixerbench.ssd_recurrent_cpp(*one_way, chunk_size)[0].to(x.dtype)
+    return _ssd_call(*one_way, chunk_size)[0].to(x.dtype)
 
 
 def ssd_hydra_cpp(u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int = 64) -> Tensor:
@@ -44,7 +45,7 @@ def ssd_hydra_cpp(u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_
     formed inside the loop, never as a tensor."""
     if chunk_size < 1:
         raise ValueError(f"ssd_hydra_cpp: chunk_size must be >= 1, got {chunk_size}")
-    return torch.ops.mixerbench.ssd_hydra_cpp(u, dt, a, b, c, chunk_size).to(u.dtype)
+    return _hydra_call(u, dt, a, b, c, chunk_size).to(u.dtype)
 
 
 def _shifted(buffer: Tensor) -> Tensor:
@@ -96,7 +97,6 @@ def _in_compute(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(cpu_kernels.last_adjacent(t.to(compute)) for t in tensors)
 
 
-@torch.library.custom_op("mixerbench::ssd_recurrent_cpp", mutates_args=())
 def _ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
     x, a, b, c = _in_compute(x, a, b, c)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)  # (D, batch, L, H, P)
@@ -104,18 +104,23 @@ def _ssd(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
     return y
 
 
-@_ssd.register_fake
+_ssd_op = torch.library.custom_op("mixerbench::ssd_recurrent_cpp", _ssd, mutates_args=())
+
+
+@_ssd_op.register_fake
 def _ssd_fake(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
     return x.new_empty(x.shape, dtype=compute_dtype(x))
 
 
-@torch.library.custom_op("mixerbench::ssd_recurrent_cpp_bwd", mutates_args=())
 def _ssd_backward(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, da, db, dc) in the compute dtype, contiguous, shaped as x, a, b, c."""
     return _gradients(*_in_compute(dy, x, a, b, c))
 
 
-@_ssd_backward.register_fake
+_ssd_backward_op = torch.library.custom_op("mixerbench::ssd_recurrent_cpp_bwd", _ssd_backward, mutates_args=())
+
+
+@_ssd_backward_op.register_fake
 def _ssd_backward_fake(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, c: Tensor
                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return tuple(t.new_empty(t.shape, dtype=compute_dtype(x)) for t in (x, a, b, c))
@@ -126,7 +131,6 @@ def _both_ways(u: Tensor) -> Tensor:
     return u.unsqueeze(0).expand(2, *u.shape)
 
 
-@torch.library.custom_op("mixerbench::ssd_hydra_cpp", mutates_args=())
 def _hydra(u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
     u, dt, a, b, c = _in_compute(u, dt, a, b, c)
     batch, length, heads, head_dim = u.shape
@@ -137,12 +141,14 @@ def _hydra(u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: i
     return buffer[0, :, :length] + buffer[1, :, 1:]
 
 
-@_hydra.register_fake
+_hydra_op = torch.library.custom_op("mixerbench::ssd_hydra_cpp", _hydra, mutates_args=())
+
+
+@_hydra_op.register_fake
 def _hydra_fake(u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int) -> Tensor:
     return u.new_empty(u.shape, dtype=compute_dtype(u))
 
 
-@torch.library.custom_op("mixerbench::ssd_hydra_cpp_bwd", mutates_args=())
 def _hydra_backward(dy: Tensor, u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor
                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(du, ddt, da, db, dc) given the output's gradient dy (batch, L, H, P): each direction reads it one token
@@ -158,7 +164,10 @@ def _hydra_backward(dy: Tensor, u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: 
     return dx.sum(0), ddt, da, db, dc
 
 
-@_hydra_backward.register_fake
+_hydra_backward_op = torch.library.custom_op("mixerbench::ssd_hydra_cpp_bwd", _hydra_backward, mutates_args=())
+
+
+@_hydra_backward_op.register_fake
 def _hydra_backward_fake(dy: Tensor, u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor
                          ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return tuple(t.new_empty(t.shape, dtype=compute_dtype(u)) for t in (u, dt, a, b, c))
@@ -176,8 +185,13 @@ def _autograd(backward_op):
     return backward
 
 
-_ssd.register_autograd(_autograd(torch.ops.mixerbench.ssd_recurrent_cpp_bwd), setup_context=_ssd_setup_context)
-_hydra.register_autograd(_autograd(torch.ops.mixerbench.ssd_hydra_cpp_bwd), setup_context=_ssd_setup_context)
+_ssd_backward_call = _autograd(EagerOp(torch.ops.mixerbench.ssd_recurrent_cpp_bwd, _ssd_backward))
+_hydra_backward_call = _autograd(EagerOp(torch.ops.mixerbench.ssd_hydra_cpp_bwd, _hydra_backward))
+_ssd_op.register_autograd(_ssd_backward_call, setup_context=_ssd_setup_context)
+_hydra_op.register_autograd(_hydra_backward_call, setup_context=_ssd_setup_context)
+# The ops, or in plain eager on the CPU the same functions without the dispatcher (mixers/ops/eager_op.py).
+_ssd_call = EagerOp(torch.ops.mixerbench.ssd_recurrent_cpp, _ssd, _ssd_setup_context, _ssd_backward_call)
+_hydra_call = EagerOp(torch.ops.mixerbench.ssd_hydra_cpp, _hydra, _ssd_setup_context, _hydra_backward_call)
 
 
 @register_flop_formula(torch.ops.mixerbench.ssd_recurrent_cpp)

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ...base import CUSTOM_OP_MACS
+from ..eager_op import EagerOp
 from . import cpp_conv, shifted
 
 
@@ -47,7 +48,7 @@ def depthwise_conv_tokens(x: Tensor, weight: Tensor, bias: Tensor | None, left: 
                          f"and {tuple(weight.shape)}")
     if not 0 <= left < width:
         raise ValueError(f"depthwise_conv_tokens: need 0 <= left < K = {width}, got left={left}")
-    return torch.ops.mixerbench.depthwise_conv_tokens(x, weight, bias, left, silu)
+    return _conv_call(x, weight, bias, left, silu)
 
 
 def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool) -> Tensor:
@@ -57,17 +58,18 @@ def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bo
     return shifted.shifted_sum(x, weight, bias, left, silu)
 
 
-@torch.library.custom_op("mixerbench::depthwise_conv_tokens", mutates_args=())
 def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool) -> Tensor:
     return _forward(x, weight, bias, left, silu)
 
 
-@_conv.register_fake
+_conv_op = torch.library.custom_op("mixerbench::depthwise_conv_tokens", _conv, mutates_args=())
+
+
+@_conv_op.register_fake
 def _conv_fake(x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool) -> Tensor:
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("mixerbench::depthwise_conv_tokens_backward", mutates_args=())
 def _conv_backward(grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool
                    ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dweight, dbias) of the conv (and silu, where `silu`); dbias empty where there is no bias (an op returns
@@ -90,7 +92,12 @@ def _conv_backward(grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None,
     return dx, dweight, dbias
 
 
-@_conv_backward.register_fake
+_conv_backward_op = torch.library.custom_op("mixerbench::depthwise_conv_tokens_backward", _conv_backward,
+                                            mutates_args=())
+_conv_backward_call = EagerOp(torch.ops.mixerbench.depthwise_conv_tokens_backward, _conv_backward)
+
+
+@_conv_backward_op.register_fake
 def _conv_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, left: int, silu: bool
                         ) -> tuple[Tensor, Tensor, Tensor]:
     dbias = weight.new_empty(0 if bias is None else weight.shape[0])
@@ -105,12 +112,13 @@ def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
 
 def _backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
     x, weight, bias = ctx.saved_tensors
-    dx, dweight, dbias = torch.ops.mixerbench.depthwise_conv_tokens_backward(grad, x, weight, bias, ctx.left,
-                                                                              ctx.silu)
+    dx, dweight, dbias = _conv_backward_call(grad, x, weight, bias, ctx.left, ctx.silu)
     return dx, dweight, None if bias is None else dbias, None, None
 
 
-_conv.register_autograd(_backward, setup_context=_setup_context)
+_conv_op.register_autograd(_backward, setup_context=_setup_context)
+# The op, or in plain eager on the CPU the same functions without the dispatcher (mixers/ops/eager_op.py).
+_conv_call = EagerOp(torch.ops.mixerbench.depthwise_conv_tokens, _conv, _setup_context, _backward)
 
 
 def depthwise_conv_tokens_macs(batch: int, length: int, channels: int, width: int) -> int:
