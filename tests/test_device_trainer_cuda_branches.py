@@ -1,6 +1,6 @@
 """The device trainer's CUDA-only branches on a CPU, through their seams: the fused AdamW it builds for CUDA
-(torch has a fused CPU kernel, so the same optimizer steps here), and the CUDA RNG state a checkpoint saves and
-restores, with a stand-in for torch.cuda (issue 34)."""
+(and for the CPU, whose fused kernel steps here, against the foreach one other devices get), and the CUDA RNG
+state a checkpoint saves and restores, with a stand-in for torch.cuda (issue 34)."""
 from __future__ import annotations
 
 import io
@@ -30,14 +30,15 @@ class FakeCudaRng:
         self.state = state.clone()
 
 
-def test_cuda_gets_the_fused_adamw_and_it_steps_like_foreach() -> None:
+def test_cuda_and_the_cpu_get_the_fused_adamw_and_it_steps_like_foreach() -> None:
     torch.manual_seed(0)
     fused_model, foreach_model = nn.Linear(4, 3), nn.Linear(4, 3)
     foreach_model.load_state_dict(fused_model.state_dict())
     recipe = TrainRecipe(epochs=1)
-    fused, foreach = make_optimizer(fused_model, recipe, CUDA), make_optimizer(foreach_model, recipe,
-                                                                                torch.device("cpu"))
+    fused = make_optimizer(fused_model, recipe, CUDA)
     assert fused.defaults["fused"] is True and not fused.defaults["foreach"]
+    assert make_optimizer(fused_model, recipe, torch.device("cpu")).defaults["fused"] is True
+    foreach = make_optimizer(foreach_model, recipe, torch.device("meta"))  # elsewhere: the foreach one
     assert foreach.defaults["foreach"] is True and not foreach.defaults["fused"]
     x = torch.randn(8, 4)
     for model, optimizer in ((fused_model, fused), (foreach_model, foreach)):

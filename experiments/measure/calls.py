@@ -50,16 +50,17 @@ def train_step_calls(model: ViT, dtype: torch.dtype, device: torch.device, batch
     """One optimizer step on random data: fp32 master weights, autocast to `dtype` when it is not float32.
 
     On CUDA AdamW steps with `capturable=True` (its step count and bias corrections on the device), in both
-    regimes, so eager and graphed rows time the same kernels; elsewhere the foreach AdamW the trainers step
+    regimes, so eager and graphed rows time the same kernels; on the CPU the fused AdamW the trainers step
     (`experiments.train.device_trainer.make_optimizer`), not PyTorch's CPU default, a Python loop over the
-    parameters that charged a mixer for how many tensors its parameters are split into. `graphed`: autocast
-    without its weight cache, which a graph cannot hold.
+    parameters that charged a mixer for how many tensors its parameters are split into (the foreach form still
+    did, less); elsewhere the foreach one. `graphed`: autocast without its weight cache, which a graph cannot
+    hold.
     """
     model.train().float()
     x = random_images(model, batch, device)
     y = torch.randint(0, model.num_classes, (batch,), device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                  **({"capturable": True} if device.type == "cuda" else {"foreach": True}))
+    kind = {"cuda": {"capturable": True}, "cpu": {"fused": True}}.get(device.type, {"foreach": True})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **kind)
 
     def autocast() -> AbstractContextManager:
         if dtype == torch.float32:

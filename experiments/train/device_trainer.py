@@ -2,7 +2,7 @@
 
 Every training, on a CPU or a GPU, runs here. Each step gathers a batch of uint8 images on the device, augments
 and normalises it there (`device_data`), runs the forward under bf16 autocast when asked (fp32 master weights),
-and steps a fused AdamW on CUDA (foreach on a CPU). `torch.compile` is optional. The loss and the gradient norm
+and steps a fused AdamW (CUDA and CPU; foreach elsewhere). `torch.compile` is optional. The loss and the gradient norm
 stay on the device; the host reads them every `DIVERGENCE_CHECK_STEPS` steps and at each evaluation, so the GPU
 is not stalled once per step.
 
@@ -87,8 +87,13 @@ class DeviceRun:
 
 
 def make_optimizer(model: nn.Module, recipe: TrainRecipe, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over `recipe.param_groups`: the fused kernel on CUDA, the foreach one elsewhere."""
-    fused = device.type == "cuda"
+    """AdamW over `recipe.param_groups`: the fused kernel on CUDA and on the CPU, the foreach one elsewhere.
+
+    On the CPU the foreach AdamW spends Python per parameter tensor on every step (reading each step count, its bias
+    corrections), so a mixer's step grew with how many tensors its parameters are split into: at the micro preset
+    it took about as long as a Mamba block's whole forward (issue 33's note has the A/B).
+    """
+    fused = device.type in ("cuda", "cpu")
     return torch.optim.AdamW(param_groups(model, recipe.weight_decay), lr=recipe.lr, betas=(0.9, 0.999),
                              fused=fused or None, foreach=None if fused else True)
 
