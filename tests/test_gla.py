@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from mixers import create_mixer
-from mixers.gla import BiGLA
+from mixers.gla import BiGLA, log_sigmoid
 from mixers.ops.gla import chunk_gla, naive_recurrent_gla
 
 DIM, HEADS = 16, 2
@@ -130,3 +130,21 @@ def test_chunk_factorised_path_matches_recurrence_in_float32() -> None:
     out = chunk_gla(*tensors, chunk_size=16)
     ref = naive_recurrent_gla(*(t.detach().double() for t in tensors))
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_log_sigmoid_is_logsigmoid_with_its_gradient_everywhere() -> None:
+    """The CPU form (log of sigmoid, and y itself far below 0): float64 to rounding, float32 within a few of
+    float32's steps of float64's value (F.logsigmoid's own float32 error is of that order), and the gradient
+    sigmoid(-y) at the kink-prone points: exactly 0, far below (no NaN from the branch `where` drops), far above."""
+    y = torch.cat([torch.linspace(-120, 120, 4001, dtype=torch.float64),
+                   torch.tensor([0.0, -80.0, -1e4, 1e4], dtype=torch.float64)])
+    for dtype, tolerance in ((torch.float64, 1e-14), (torch.float32, 1e-6)):
+        x = y.to(dtype).requires_grad_()
+        out = log_sigmoid(x)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        exact = y.clone().requires_grad_()
+        ref = F.logsigmoid(exact)
+        (ref_grad,) = torch.autograd.grad(ref.sum(), exact)
+        torch.testing.assert_close(out.double(), ref.detach(), rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(grad.double(), ref_grad, rtol=tolerance, atol=tolerance)
+
