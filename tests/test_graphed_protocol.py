@@ -14,6 +14,8 @@ from experiments.measure import graphed, run
 from experiments.measure.memory import PeakMemory
 from experiments.measure.point import Point
 from experiments.measure.timing import TimingProtocol
+from experiments.train.device_trainer import make_optimizer
+from experiments.train.recipe import TrainRecipe
 
 QUICK = TimingProtocol(warmup=0, min_repeats=2, min_time_s=0.0)
 TINY = dict(mixer="attention", preset="micro", img_size=16, patch_size=8, overrides='{"depth":1}')
@@ -163,9 +165,9 @@ def test_a_library_allocation_failure_in_capture_stays_an_out_of_memory(monkeypa
     assert not isinstance(error.value, graphed.GraphUnavailable)
 
 
-def test_the_cpu_training_step_times_the_foreach_adamw_the_trainers_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a CPU the cost step's AdamW is the trainers' foreach one, not PyTorch's per-parameter loop (its CPU
-    default), which would charge a mixer for the number of tensors its parameters come in."""
+def test_the_cpu_training_step_times_the_fused_adamw_the_trainers_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU the cost step's AdamW is the trainers' fused one, not PyTorch's per-parameter loop (its CPU
+    default) nor the foreach one, which charge a mixer for the number of tensors its parameters come in."""
     made: list[torch.optim.AdamW] = []
 
     class Recorded(torch.optim.AdamW):
@@ -178,4 +180,6 @@ def test_the_cpu_training_step_times_the_foreach_adamw_the_trainers_step(monkeyp
     result = run.measure_train_step(model, Point(**TINY, batch_size=2, timing=QUICK), torch.float32,
                                     torch.device("cpu"))
     assert result["train_step_ms"] > 0
-    assert [optimizer.defaults["foreach"] for optimizer in made] == [True]
+    assert [(o.defaults["fused"], o.defaults["foreach"]) for o in made] == [(True, None)]
+    trainers = make_optimizer(model, TrainRecipe(epochs=1), torch.device("cpu")).defaults
+    assert (trainers["fused"], trainers["foreach"]) == (True, None)
