@@ -98,3 +98,26 @@ def test_rows_that_say_nothing_of_the_machine_do_not_refuse(tmp_path: Path, caps
     assert main(["--config", str(three), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 2
     message = capsys.readouterr().err
     assert f"measured on {' and '.join(sorted(['Another CPU', here]))}" in message
+
+
+def test_a_cpu_is_named_with_its_family_model_and_vector_instructions(tmp_path: Path, capsys) -> None:
+    """A VM's bare "AMD EPYC" named CPUs generations apart: the name carries what tells them apart, and rows that
+    name the model alone (written before) are another machine's, since which one measured them cannot be told."""
+    import torch
+
+    from experiments.measure.provenance import device_name
+
+    here = device_name(torch.device("cpu"))
+    bare, _, details = here.partition(" (")
+    assert details.endswith(f"{torch.backends.cpu.get_cpu_capability()})")
+    if "cpu family" in Path("/proc/cpuinfo").read_text():
+        assert details.startswith("family ")
+    out = tmp_path / "out"
+    one = write_config(tmp_path, tiny_config(["attention"], [16]))
+    assert main(["--config", str(one), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 0
+    _rename_machine(out / "runs.csv", bare)
+    two = tmp_path / "two.toml"
+    two.write_text(tiny_config(["attention"], [16, 32]))
+    capsys.readouterr()
+    assert main(["--config", str(two), "--out", str(out), "--quiet", "--no-report", "--no-plan"]) == 2
+    assert f"measured on {bare}, and this machine is {here}" in capsys.readouterr().err

@@ -32,16 +32,28 @@ def git_state() -> tuple[str, bool | None]:
 
 
 def device_name(device: torch.device) -> str:
-    """A human name for the device: the GPU model, or the CPU model from /proc/cpuinfo."""
+    """A human name for the device: the GPU model; for the CPU its model name from /proc/cpuinfo, with its family
+    and model numbers where it gives them and the vector instructions torch dispatches to, e.g.
+    "AMD EPYC (family 26 model 2, AVX512)".
+
+    A VM's CPU often reports a bare model name ("AMD EPYC") for machines generations apart: this project's sessions
+    drew a Zen 3 (AVX2) and a Zen 5 (AVX-512) under that one name, far apart on the same training step. The numbers
+    and the instruction set tell them apart (`experiments/sweep/same_machine.py` compares these names).
+    """
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    details = [torch.backends.cpu.get_cpu_capability()]
+    if "cpu family" in fields and "model" in fields:
+        details.insert(0, f"family {fields['cpu family']} model {fields['model']}")
+    return f"{name} ({', '.join(details)})"
 
 
 def nvidia_smi(device: torch.device) -> dict[str, str]:

@@ -5,8 +5,11 @@ timings, and the folder's tables (crossovers, ratios to attention, MFU) would se
 machine had measured them. The CPU changes between sessions of one project (an AMD EPYC one day, an Intel Xeon with
 another vector unit the next), so this happens by accident, not by choice; `--allow-mixed-machines` is the choice.
 
-The machine is the device's model as rows record it (`device_name`): the CPU model for CPU rows, the GPU model for
-CUDA rows. The host CPU beside a GPU is not compared, though eager batch-1 GPU latency leans on it (the launches).
+The machine is the device's model as rows record it (`device_name`): for CPU rows the CPU model with its family
+and model numbers and vector instructions (a VM's bare "AMD EPYC" named a Zen 3 and a Zen 5 alike), the GPU model
+for CUDA rows. Rows written before those details were recorded name the model alone, so they never match a machine
+now: which of the machines behind the bare name measured them cannot be told. The host CPU beside a GPU is not
+compared, though eager batch-1 GPU latency leans on it (the launches).
 """
 from __future__ import annotations
 
