@@ -90,8 +90,8 @@ def make_optimizer(model: nn.Module, recipe: TrainRecipe, device: torch.device) 
     """AdamW over `recipe.param_groups`: the fused kernel on CUDA and on the CPU, the foreach one elsewhere.
 
     On the CPU the foreach AdamW spends Python per parameter tensor on every step (reading each step count, its bias
-    corrections), so a mixer's step grew with how many tensors its parameters are split into: at the micro preset
-    it took about as long as a Mamba block's whole forward (issue 33's note has the A/B).
+    corrections), so a mixer's step grew with how many tensors its parameters are split into (Mamba's are nearly
+    twice attention's at the micro preset; issue 33's note has the A/B).
     """
     fused = device.type in ("cuda", "cpu")
     return torch.optim.AdamW(param_groups(model, recipe.weight_decay), lr=recipe.lr, betas=(0.9, 0.999),
