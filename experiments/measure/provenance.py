@@ -44,9 +44,12 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     fields: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
+        with Path("/proc/cpuinfo").open() as cpuinfo:
+            for line in cpuinfo:
+                if not line.strip():
+                    break  # the first processor's block holds every field read here; a large host lists hundreds
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
     name = fields.get("model name") or platform.processor() or platform.machine()
