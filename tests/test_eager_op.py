@@ -104,3 +104,22 @@ def test_tensors_off_the_cpu_take_the_op(monkeypatch: pytest.MonkeyPatch) -> Non
     op(torch.empty(1, device="meta"))
     op(torch.empty(1))
     assert called == ["op", "impl"]
+
+
+def test_the_op_takes_its_gradient_from_eager_op() -> None:
+    """EagerOp registers the op's autograd from the pair it builds its Function of: one gradient for both paths."""
+    def triple(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        pass
+
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 5  # not the derivative (3), so the test sees that this function ran on both paths
+
+    op = torch.library.custom_op("mixerbench_test::triple", triple, mutates_args=())
+    call = eager_op.EagerOp(op, triple, setup_context, backward)
+    x = torch.ones(4, requires_grad=True)
+    (through_op,) = torch.autograd.grad(op(x).sum(), x)
+    (direct,) = torch.autograd.grad(call(x).sum(), x)
+    assert torch.equal(through_op, torch.full((4,), 5.0)) and torch.equal(direct, through_op)

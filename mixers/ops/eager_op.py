@@ -31,11 +31,12 @@ class EagerOp:
     """`op`, or in plain eager on the CPU `impl` itself, through an autograd Function where a gradient is wanted.
 
     Args:
-        op: the registered custom op (`torch.ops.mixerbench.<name>`).
+        op: the custom op as `torch.library.custom_op` returned it (a `CustomOpDef`; calling it calls the op).
         impl: the Python function the op was registered with.
-        setup_context, backward: the functions given to the op's `register_autograd`; None for an op without a
-            gradient (a backward op). The Function's backward is once differentiable, as the op's is (its backward
-            op has no gradient).
+        setup_context, backward: the op's gradient, for an op that has one (None for a backward op). EagerOp
+            registers them with the op (`register_autograd`) and builds its Function from the same two, so the op
+            and the direct path cannot differ in them. The Function's backward is once differentiable, as the op's
+            is (its backward op has no gradient).
     """
 
     def __init__(self, op: Callable, impl: Callable, setup_context: Callable | None = None,
@@ -43,6 +44,8 @@ class EagerOp:
         self.op, self.impl = op, impl
         self.function = None
         if backward is not None:
+            op.register_autograd(backward, setup_context=setup_context)
+
             def forward(ctx, *args: object) -> object:
                 output = impl(*args)
                 setup_context(ctx, args, output)
@@ -50,7 +53,9 @@ class EagerOp:
 
             # forward taking ctx, not a separate setup_context: with one, every apply binds its arguments through
             # inspect.signature, which took most of what skipping the dispatcher saves
-            self.function = type(getattr(op, "__name__", impl.__name__), (torch.autograd.Function,), {
+            # named after the op, so a grad_fn says which kernel it is (CustomOpDef keeps the name private; the
+            # function's name where it is gone)
+            self.function = type(getattr(op, "_name", impl.__name__), (torch.autograd.Function,), {
                 "forward": staticmethod(forward),
                 "backward": staticmethod(once_differentiable(backward)),
             })

@@ -75,7 +75,7 @@ def _gla_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, scal
 
 
 _gla_backward_op = torch.library.custom_op("mixerbench::gla_recurrent_cpp_bwd", _gla_backward, mutates_args=())
-_gla_backward_call = EagerOp(torch.ops.mixerbench.gla_recurrent_cpp_bwd, _gla_backward)
+_gla_backward_call = EagerOp(_gla_backward_op, _gla_backward)
 
 
 @_gla_backward_op.register_fake
@@ -96,9 +96,9 @@ def _backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:
     return (*(d.to(t.dtype) for d, t in zip(grads, (q, k, v, g))), None, None)
 
 
-_gla_op.register_autograd(_backward, setup_context=_setup_context)
-# The op, or in plain eager on the CPU the same functions without the dispatcher (mixers/ops/eager_op.py).
-_gla_call = EagerOp(torch.ops.mixerbench.gla_recurrent_cpp, _gla, _setup_context, _backward)
+# The op, or in plain eager on the CPU the same functions without the dispatcher; EagerOp registers the op's
+# autograd (mixers/ops/eager_op.py).
+_gla_call = EagerOp(_gla_op, _gla, _setup_context, _backward)
 
 
 @register_flop_formula(torch.ops.mixerbench.gla_recurrent_cpp)

@@ -68,7 +68,7 @@ def _norm_gate_backward(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, eps: f
 
 _norm_gate_backward_op = torch.library.custom_op("mixerbench::rms_norm_gated_backward", _norm_gate_backward,
                                                  mutates_args=())
-_norm_gate_backward_call = EagerOp(torch.ops.mixerbench.rms_norm_gated_backward, _norm_gate_backward)
+_norm_gate_backward_call = EagerOp(_norm_gate_backward_op, _norm_gate_backward)
 
 
 @_norm_gate_backward_op.register_fake
@@ -89,8 +89,8 @@ def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
     return dx, dweight, dz, None
 
 
-_norm_gate_op.register_autograd(_backward, setup_context=_setup_context)
-# The op, or in plain eager on the CPU the same functions without the dispatcher (mixers/ops/eager_op.py).
-_norm_gate_call = EagerOp(torch.ops.mixerbench.rms_norm_gated, _norm_gate, _setup_context, _backward)
+# The op, or in plain eager on the CPU the same functions without the dispatcher; EagerOp registers the op's
+# autograd (mixers/ops/eager_op.py).
+_norm_gate_call = EagerOp(_norm_gate_op, _norm_gate, _setup_context, _backward)
 
 __all__ = ["rms_norm_gated", "rms_norm_gated_reference"]

@@ -197,7 +197,7 @@ def _scan_backward(
 
 
 _scan_backward_op = torch.library.custom_op("mixerbench::selective_scan_cpp_bwd", _scan_backward, mutates_args=())
-_scan_backward_call = EagerOp(torch.ops.mixerbench.selective_scan_cpp_bwd, _scan_backward)
+_scan_backward_call = EagerOp(_scan_backward_op, _scan_backward)
 
 
 @_scan_backward_op.register_fake
@@ -275,7 +275,6 @@ def _backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
     return (*grads, None, None)
 
 
-_selective_scan_cpp_op.register_autograd(_backward, setup_context=_setup_context)
-# What `selective_scan` calls: the op, or in plain eager on the CPU the same functions without the dispatcher.
-selective_scan_cpp_call = EagerOp(torch.ops.mixerbench.selective_scan_cpp, _selective_scan_cpp_impl, _setup_context,
-                                  _backward)
+# What `selective_scan` calls: the op, or in plain eager on the CPU the same functions without the dispatcher; the
+# op's autograd is registered here too.
+selective_scan_cpp_call = EagerOp(_selective_scan_cpp_op, _selective_scan_cpp_impl, _setup_context, _backward)

@@ -185,13 +185,12 @@ def _autograd(backward_op):
     return backward
 
 
-_ssd_backward_call = _autograd(EagerOp(torch.ops.mixerbench.ssd_recurrent_cpp_bwd, _ssd_backward))
-_hydra_backward_call = _autograd(EagerOp(torch.ops.mixerbench.ssd_hydra_cpp_bwd, _hydra_backward))
-_ssd_op.register_autograd(_ssd_backward_call, setup_context=_ssd_setup_context)
-_hydra_op.register_autograd(_hydra_backward_call, setup_context=_ssd_setup_context)
-# The ops, or in plain eager on the CPU the same functions without the dispatcher (mixers/ops/eager_op.py).
-_ssd_call = EagerOp(torch.ops.mixerbench.ssd_recurrent_cpp, _ssd, _ssd_setup_context, _ssd_backward_call)
-_hydra_call = EagerOp(torch.ops.mixerbench.ssd_hydra_cpp, _hydra, _ssd_setup_context, _hydra_backward_call)
+_ssd_backward_call = _autograd(EagerOp(_ssd_backward_op, _ssd_backward))
+_hydra_backward_call = _autograd(EagerOp(_hydra_backward_op, _hydra_backward))
+# The ops, or in plain eager on the CPU the same functions without the dispatcher; EagerOp registers the ops'
+# autograd (mixers/ops/eager_op.py).
+_ssd_call = EagerOp(_ssd_op, _ssd, _ssd_setup_context, _ssd_backward_call)
+_hydra_call = EagerOp(_hydra_op, _hydra, _ssd_setup_context, _hydra_backward_call)
 
 
 @register_flop_formula(torch.ops.mixerbench.ssd_recurrent_cpp)

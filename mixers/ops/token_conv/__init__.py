@@ -94,7 +94,7 @@ def _conv_backward(grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None,
 
 _conv_backward_op = torch.library.custom_op("mixerbench::depthwise_conv_tokens_backward", _conv_backward,
                                             mutates_args=())
-_conv_backward_call = EagerOp(torch.ops.mixerbench.depthwise_conv_tokens_backward, _conv_backward)
+_conv_backward_call = EagerOp(_conv_backward_op, _conv_backward)
 
 
 @_conv_backward_op.register_fake
@@ -116,9 +116,9 @@ def _backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
     return dx, dweight, None if bias is None else dbias, None, None
 
 
-_conv_op.register_autograd(_backward, setup_context=_setup_context)
-# The op, or in plain eager on the CPU the same functions without the dispatcher (mixers/ops/eager_op.py).
-_conv_call = EagerOp(torch.ops.mixerbench.depthwise_conv_tokens, _conv, _setup_context, _backward)
+# The op, or in plain eager on the CPU the same functions without the dispatcher; EagerOp registers the op's
+# autograd (mixers/ops/eager_op.py).
+_conv_call = EagerOp(_conv_op, _conv, _setup_context, _backward)
 
 
 def depthwise_conv_tokens_macs(batch: int, length: int, channels: int, width: int) -> int:
