@@ -14,10 +14,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .base import Grid, TokenMixer, check_bool_option, check_int_option, check_positive_option, check_tokens
+from .base import (Grid, TokenMixer, check_bool_option, check_int_option, check_positive_option, check_tokens,
+                   grid_cached)
 from .mamba import _scan_param
 from .registry import register_mixer
-from .ops.selective_scan import SCAN_IMPLS, selective_scan, selective_scan_flops
+from .ops.selective_scan import (SCAN_IMPLS, resolve_scan_impl, selective_scan, selective_scan_cpp_call,
+                                 selective_scan_flops)
 
 DIRECTIONS = 4  # row-major, column-major, row-major reversed, column-major reversed
 
@@ -27,6 +29,14 @@ def cross_scan(x: Tensor) -> list[Tensor]:
     rows = x.flatten(2)  # (B, D, H*W): row-major
     cols = x.transpose(2, 3).flatten(2)  # (B, D, W*H): column-major
     return [rows, cols, rows.flip(-1), cols.flip(-1)]
+
+
+def scan_orders(grid: Grid, device: torch.device) -> Tensor:
+    """The row-major position of each step of the four scan orders, `(4, H * W)` int64: `cross_scan` as indices."""
+    H, W = grid
+    rows = torch.arange(H * W, device=device)
+    cols = rows.view(H, W).t().flatten()
+    return torch.stack([rows, cols, rows.flip(0), cols.flip(0)])
 
 
 def cross_merge(ys: list[Tensor], grid: Grid) -> Tensor:
@@ -56,7 +66,8 @@ class SS2D(TokenMixer):
     Ds[k], the four directions in one call (`scan_directions`; our `mixers.ops.selective_scan`: the Triton kernels
     on CUDA, mamba-ssm's CUDA kernel where it imports, the compiled `cpp_loop` on the CPU, the PyTorch op where
     it cannot be built; `impl` records which); the cross-merge; `out_norm` (LayerNorm), gate by silu(z),
-    out_proj. Parameter names follow VMamba's SS2D (`x_proj_weight`, `dt_projs_weight`, `dt_projs_bias`, `A_logs`,
+    out_proj. With `cpp_loop` the cross-scan and the merge are the kernel's: every tensor stays in grid order and
+    the kernel walks each direction's order of it (`scan_grid`). Parameter names follow VMamba's SS2D (`x_proj_weight`, `dt_projs_weight`, `dt_projs_bias`, `A_logs`,
     `Ds`, stacked over the four directions).
 
     Where it departs from the released models: the forward is VMamba's v0 form (in_proj to 2 x d_inner, the z gate
@@ -145,6 +156,7 @@ class SS2D(TokenMixer):
         self.Ds._no_weight_decay = True
         self.out_norm = nn.LayerNorm(d_inner)
         self.out_proj = nn.Linear(d_inner, dim, bias=bias)
+        self._orders: dict[tuple, Tensor] = {}  # scan_orders per (grid, device), out of the state dict
 
     def scan_directions(self, xs: Tensor) -> Tensor:
         """The four directions' selective scans in one call: `xs (B, 4, d_inner, L)`, each direction's sequence in
@@ -174,6 +186,38 @@ class SS2D(TokenMixer):
         )
         return y.unflatten(1, (DIRECTIONS, d))  # (B, 4, d_inner, L)
 
+    def scan_grid(self, u: Tensor, grid: Grid) -> Tensor:
+        """The cross-scan, the four scans and the cross-merge of `u (B, L, d_inner)` in grid order, through the C++
+        scan reading each direction's steps where they lie (`scan_orders`): to the summed outputs, `(B, L, d_inner)`.
+
+        x_proj and dt_proj act on each token alone, so they run on the grid-order tokens (x_proj of all four
+        directions as one matmul) and give each direction's dt, B and C at the token's place; the four directions
+        read one u (an expanded view) and their outputs are summed where they lie. No sequence is gathered,
+        flipped or scattered back: at the micro preset those copies and their gradients cost about as much as the
+        scans.
+        """
+        batch, L, d = u.shape
+        n, r = self.d_state, self.dt_rank
+        x_dbl = F.linear(u, self.x_proj_weight.flatten(0, 1)).unflatten(-1, (DIRECTIONS, r + 2 * n))  # (B, L, 4, .)
+        dt, B, C = torch.split(x_dbl, [r, n, n], dim=-1)  # (B, L, 4, r), (B, L, 4, N), (B, L, 4, N)
+        delta = torch.bmm(dt.permute(2, 0, 1, 3).reshape(DIRECTIONS, batch * L, r),
+                          self.dt_projs_weight.transpose(1, 2))  # (4, B L, d_inner)
+        order = grid_cached(self._orders, (grid, u.device), lambda: scan_orders(grid, u.device))
+        y = selective_scan_cpp_call(
+            u.transpose(1, 2).unsqueeze(1).expand(batch, DIRECTIONS, d, L),  # one u, read by every direction
+            delta.unflatten(1, (batch, L)).permute(1, 0, 3, 2),  # (B, 4, d_inner, L), time-major
+            -torch.exp(_scan_param(self.A_logs)),  # (4 d_inner, N)
+            B.permute(0, 2, 3, 1),  # (B, 4, N, L) views, a step's N values adjacent
+            C.permute(0, 2, 3, 1),
+            _scan_param(self.Ds),
+            None,
+            _scan_param(self.dt_projs_bias.flatten()),  # (4 d_inner,)
+            True,
+            False,
+            order,
+        )  # (B, 4, d_inner, L), laid out as delta: (4, B, L, d_inner) in memory
+        return y.permute(1, 0, 3, 2).sum(0)  # (B, L, d_inner)
+
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Mixes `x (B, H * W, C)` by four selective scans over the grid `(H, W)`."""
         check_tokens(x, grid)
@@ -182,8 +226,12 @@ class SS2D(TokenMixer):
         u, z = xz.chunk(2, dim=-1)  # (B, L, d_inner) each
         u = rearrange(u, "b (h w) d -> b d h w", h=H, w=W)
         u = F.silu(self.conv2d(u))  # (B, d_inner, H, W)
-        ys = self.scan_directions(torch.stack(cross_scan(u), dim=1))  # (B, 4, d_inner, L)
-        y = rearrange(cross_merge(list(ys.unbind(1)), grid), "b d l -> b l d")  # (B, L, d_inner)
+        if resolve_scan_impl(self.scan_impl, x.device, x.dtype) == "cpp_loop":
+            y = self.scan_grid(rearrange(u, "b d h w -> b (h w) d"), grid)  # (B, L, d_inner)
+            self.impl = "cpp_loop"
+        else:
+            ys = self.scan_directions(torch.stack(cross_scan(u), dim=1))  # (B, 4, d_inner, L)
+            y = rearrange(cross_merge(list(ys.unbind(1)), grid), "b d l -> b l d")  # (B, L, d_inner)
         y = self.out_norm(y) * F.silu(z)
         return self.out_proj(y)
 

@@ -65,6 +65,26 @@ def test_cpp_selective_scan_and_its_backward(groups: int, reverse: bool) -> None
     _assert_fake_matches(torch.ops.mixerbench.selective_scan_cpp_bwd.default, dy, *no_options)
 
 
+def test_cpp_selective_scan_with_an_order_as_vmamba_calls_it() -> None:
+    """vmamba's grid form: one u for all four groups (stride 0), delta time-major per group, the orders, and the
+    gradient of the groups' sum (stride 0 again)."""
+    if cpp_scan.cpp_unavailable_reason(torch.device("cpu"), torch.float32) is not None:
+        pytest.skip("the C++ scan is unavailable here")
+    from mixers.vmamba import scan_orders
+
+    batch, groups, width, d_state, grid = 2, 4, 5, 1, (3, 4)
+    length = grid[0] * grid[1]
+    u = torch.randn(batch, length, width).transpose(1, 2).unsqueeze(1).expand(batch, groups, width, length)
+    delta = torch.randn(groups, batch, length, width).permute(1, 0, 3, 2)
+    bc = torch.randn(batch, length, groups, 2 * d_state)
+    B, C = (bc[..., s : s + d_state].permute(0, 2, 3, 1) for s in (0, d_state))
+    A, D, delta_bias = -torch.rand(groups * width, d_state), torch.randn(groups * width), torch.randn(groups * width)
+    args = (u, delta, A, B, C, D, None, delta_bias, True, False, scan_orders(grid, torch.device("cpu")))
+    _assert_fake_matches(torch.ops.mixerbench.selective_scan_cpp.default, *args)
+    dy = torch.randn(batch, length, width).transpose(1, 2).unsqueeze(1).expand(batch, groups, width, length)
+    _assert_fake_matches(torch.ops.mixerbench.selective_scan_cpp_bwd.default, dy, *args)
+
+
 def test_gated_recurrence_ops_and_their_backwards() -> None:
     if gated_recurrence.unavailable_reason(torch.device("cpu")) is not None:
         pytest.skip("the compiled gated recurrence is unavailable here")

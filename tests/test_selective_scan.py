@@ -1,6 +1,7 @@
 """Parity of the pure-PyTorch selective scans with the float64 reference, and the custom op's registrations."""
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import sys
@@ -12,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mixers.base import CUSTOM_OP_MACS
 import mixers.ops.selective_scan as scan_module
 from mixers.ops.selective_scan import cpp_scan
-from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason
+from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason, selective_scan_cpp_call
 from mixers.ops.selective_scan import (
     SCAN_IMPLS,
     resolve_scan_impl,
@@ -405,6 +406,95 @@ def test_cpp_loop_opcheck() -> None:
             torch.library.opcheck(torch.ops.mixerbench.selective_scan_cpp.default, (*sample, reverse))
 
 
+def _grid_orders(H: int, W: int) -> torch.Tensor:
+    """vmamba's four orders of an H x W grid, written out: rows, columns, and each reversed."""
+    rows = [r * W + c for r in range(H) for c in range(W)]
+    cols = [r * W + c for c in range(W) for r in range(H)]
+    return torch.tensor([rows, cols, rows[::-1], cols[::-1]])
+
+
+@needs_cpp
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shared_u", [True, False])
+@pytest.mark.parametrize("grid,d_state", [((1, 1), 1), ((3, 5), 3), ((9, 11), 1), ((8, 8), 2)])
+def test_cpp_loop_order_scans_each_group_in_its_own_order(grid: tuple[int, int], d_state: int, shared_u: bool,
+                                                          threads: int) -> None:
+    """With an order, group g's step t is position order[g, t] of every tensor: equal (float64, to round-off) to
+    gathering each group's sequence, the reference scan, and putting its outputs back; forward and every gradient.
+    u either one tensor read by all four groups (stride 0, vmamba's) or a (B, D, L) one of its own per group;
+    99 steps span two tiles of the kernel."""
+    H, W = grid
+    L, G, width, batch = H * W, 4, 5, 2
+    order = _grid_orders(H, W)
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+
+    u = randn(batch, width, L) if shared_u else randn(batch, G * width, L)
+    leaves = dict(u=u, delta=randn(batch, G, width, L), A=(-torch.rand(G * width, d_state, generator=g,
+                                                                        dtype=torch.float64) - 0.1).requires_grad_(),
+                  B=randn(batch, G, d_state, L), C=randn(batch, G, d_state, L), D=randn(G * width),
+                  delta_bias=randn(G * width))
+
+    def ours() -> torch.Tensor:
+        u_in = u.unsqueeze(1).expand(batch, G, width, L) if shared_u else u.unflatten(1, (G, width))
+        return cpp_scan.selective_scan_cpp_call(u_in, leaves["delta"], leaves["A"], leaves["B"], leaves["C"],
+                                                leaves["D"], None, leaves["delta_bias"], True, False, order)
+
+    def reference() -> torch.Tensor:
+        ys = []
+        for k in range(G):
+            o, part = order[k], slice(k * width, (k + 1) * width)
+            u_k = u[:, :, o] if shared_u else u[:, part][:, :, o]
+            y = selective_scan_reference(u_k, leaves["delta"][:, k][:, :, o], leaves["A"][part],
+                                         leaves["B"][:, k][:, :, o], leaves["C"][:, k][:, :, o], leaves["D"][part],
+                                         None, leaves["delta_bias"][part], True)
+            ys.append(torch.zeros_like(y).index_copy(2, o, y))
+        return torch.stack(ys, 1)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = ours()
+        dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
+        grads = torch.autograd.grad(y, list(leaves.values()), dy)
+    finally:
+        torch.set_num_threads(before)
+    y_ref = reference()
+    grads_ref = torch.autograd.grad(y_ref, list(leaves.values()), dy)
+    for key, a, b in zip(["y", *leaves], (y, *grads), (y_ref, *grads_ref)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"{key} differs")
+
+
+@needs_cpp
+def test_cpp_loop_refuses_an_order_it_cannot_follow() -> None:
+    """An order is read as positions: one past the end, of another shape, or given with `reverse` is refused in
+    one line."""
+    inputs = make_inputs(batch=2, channels=8, length=6, d_state=2, with_z=False)
+    inputs["B"], inputs["C"] = (inputs[k].unsqueeze(1).expand(2, 4, 2, 6) for k in ("B", "C"))
+    call = functools.partial(cpp_scan.selective_scan_cpp, *inputs.values())
+    call(order=_grid_orders(2, 3))  # the orders of a 2 x 3 grid: fine
+    with pytest.raises(ValueError, match=re.escape("order must hold int64 positions in [0, 6)")):
+        call(order=_grid_orders(2, 3) + 1)
+    with pytest.raises(ValueError, match=re.escape("order (4, 5), expected (4, 6)")):
+        call(order=_grid_orders(2, 3)[:, :5])
+    with pytest.raises(ValueError, match="an order or reverse, not both"):
+        call(order=_grid_orders(2, 3), reverse=True)
+
+
+@needs_cpp
+def test_cpp_loop_opcheck_with_an_order() -> None:
+    """The op's schema, fake and autograd with the order and a u that every group reads (stride 0)."""
+    g = torch.Generator().manual_seed(0)
+    batch, G, width, d_state, (H, W) = 2, 4, 3, 2, (2, 3)
+    u = torch.randn(batch, width, H * W, generator=g).unsqueeze(1).expand(batch, G, width, H * W)
+    sample = (u, torch.randn(batch, G, width, H * W, generator=g).requires_grad_(), -torch.rand(G * width, d_state),
+              torch.randn(batch, G, d_state, H * W).requires_grad_(), torch.randn(batch, G, d_state, H * W),
+              torch.randn(G * width), None, torch.randn(G * width), True, False, _grid_orders(H, W))
+    torch.library.opcheck(torch.ops.mixerbench.selective_scan_cpp.default, sample)
+
+
 def test_auto_falls_back_to_torch_stream_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the C++ scan cannot be built, `auto` runs `torch_stream` and says so; `cpp_loop` asked for by name
     raises with the reason."""
@@ -484,13 +574,38 @@ def test_mamba_hands_the_cpu_scan_time_major_views(monkeypatch: pytest.MonkeyPat
 
 
 def test_vmamba_hands_the_scan_contiguous_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vmamba gives the scan delta, B and C contiguous along L (issue 34 item 7)."""
+    """On its stacked path (every impl but `cpp_loop`; the GPU kernels read rows along L) vmamba gives the scan
+    delta, B and C contiguous along L (issue 34 item 7)."""
     import mixers.vmamba
     from mixers import create_mixer
 
     seen = _record_scan_inputs(mixers.vmamba, monkeypatch)
-    create_mixer("vmamba", 16, 2)(torch.randn(2, 3 * 5, 16), (3, 5))
+    create_mixer("vmamba", 16, 2, scan_impl="torch_stream")(torch.randn(2, 3 * 5, 16), (3, 5))
     assert seen and all(t.is_contiguous() for call in seen for t in call.values())
+
+
+@pytest.mark.skipif(CPP_PROBLEM is not None, reason=f"cpp_loop: {CPP_PROBLEM}")
+def test_vmamba_hands_the_cpu_scan_one_grid_order_u_and_the_orders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `cpp_loop` vmamba gathers no direction's sequence: the kernel gets one u for all four directions (an
+    expanded view), delta, B and C time-major in grid order, and the four scan orders as positions."""
+    import mixers.vmamba
+    from mixers import create_mixer
+    from mixers.vmamba import scan_orders
+
+    seen = []
+
+    def recording(u, delta, A, B, C, D, z, delta_bias, softplus, reverse, order):
+        seen.append({"u": u, "delta": delta, "B": B, "C": C, "order": order})
+        return selective_scan_cpp_call(u, delta, A, B, C, D, z, delta_bias, softplus, reverse, order)
+
+    monkeypatch.setattr(mixers.vmamba, "selective_scan_cpp_call", recording)
+    mixer = create_mixer("vmamba", 16, 2, scan_impl="cpp_loop")
+    mixer(torch.randn(2, 3 * 5, 16), (3, 5))
+    (call,) = seen
+    assert mixer.impl == "cpp_loop"
+    assert call["u"].shape == (2, 4, 16, 15) and call["u"].stride(1) == 0
+    assert all(call[k].stride(-1) > 1 for k in ("u", "delta", "B", "C")), {k: t.stride() for k, t in call.items()}
+    assert torch.equal(call["order"], scan_orders((3, 5), torch.device("cpu")))
 
 
 @pytest.mark.parametrize("impl", ["mamba_ssm_cuda", "triton"])
@@ -581,7 +696,7 @@ def test_vmamba_scans_its_four_directions_in_one_call(monkeypatch: pytest.Monkey
         return selective_scan(u, delta, A, B, C, *args, **kwargs)
 
     monkeypatch.setattr(vmamba_module, "selective_scan", recording_scan)
-    mixer = create_mixer("vmamba", 16, 2)
+    mixer = create_mixer("vmamba", 16, 2, scan_impl="torch_stream")  # the stacked path (cpp_loop: the grid path)
     mixer(torch.randn(2, 3 * 5, 16), (3, 5))
     assert calls == [((2, 4 * mixer.d_inner, 15), (2, 4, mixer.d_state, 15))]
 

@@ -15,7 +15,8 @@ backward direction of Vision Mamba):
   Python, with a hand-written backward that recomputes states per chunk.
 - `cpp_scan.py` / `cpp_scan.cpp`: the custom op `mixerbench::selective_scan_cpp` (`cpp_loop`), the recurrence as a
   compiled C++ loop on the CPU, forward and backward, built on first use where a compiler exists; `auto` picks it
-  on the CPU and falls back to `torch_stream` where it cannot be built. `reverse` is native.
+  on the CPU and falls back to `torch_stream` where it cannot be built. `reverse` is native, and so is an `order`
+  per channel group (each group scans its own permutation of the sequence in place: vmamba's cross-scan).
 - mamba-ssm's `selective_scan_fn` (`mamba_ssm_cuda`), when it imports and the tensors are on CUDA.
 - `triton_scan.py`: Triton kernels on mamba-ssm's CUDA design (`triton`, the custom op
   `mixerbench::selective_scan_triton`): coalesced tiles along L, a parallel scan per state within a chunk, the
@@ -27,6 +28,7 @@ Every implementation without a native reverse gets it by flipping its (B, *, L) 
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable
 from typing import Literal
@@ -49,6 +51,7 @@ __all__ = [
     "resolve_scan_impl",
     "selective_scan",
     "selective_scan_cpp",
+    "selective_scan_cpp_call",
     "selective_scan_flops",
     "selective_scan_loop",
     "selective_scan_reference",
@@ -84,7 +87,7 @@ def selective_scan_flops(batch: int, d_inner: int, length: int, d_state: int) ->
 def _selective_scan_flop_formula(
     u_shape: list[int], delta_shape: list[int], A_shape: list[int], *args, **kwargs
 ) -> int:
-    batch, d_inner, length = u_shape
+    batch, length, d_inner = u_shape[0], u_shape[-1], math.prod(u_shape[1:-1])  # u (B, D, L) or (B, G, D / G, L)
     return selective_scan_flops(batch, d_inner, length, A_shape[1])
 
 
@@ -94,7 +97,7 @@ def _selective_scan_macs_from_shapes(shapes: list[tuple[int, ...] | None]) -> in
     u_shape, A_shape = shapes[0], shapes[2]
     if u_shape is None or A_shape is None:
         raise ValueError("selective scan op: the counter gave no shapes for u and A")
-    batch, d_inner, length = u_shape
+    batch, length, d_inner = u_shape[0], u_shape[-1], math.prod(u_shape[1:-1])  # u (B, D, L) or (B, G, D / G, L)
     return selective_scan_flops(batch, d_inner, length, A_shape[1]) // 2
 
 
@@ -209,7 +212,7 @@ def selective_scan(
     """The selective scan through the chosen implementation; differentiable in every case.
 
     The (B, *, L) inputs may have any strides: `cpp_loop` reads them as they are (Mamba hands it time-major views)
-    and lays y out as u; the GPU kernels get u, delta, B and C contiguous along L; the others copy as they need.
+    and lays y out as delta; the GPU kernels get u, delta, B and C contiguous along L; the others copy as they need.
 
     Args:
         u, delta, A, B, C, D, z, delta_bias, delta_softplus: as `selective_scan_reference`; B and C may carry G

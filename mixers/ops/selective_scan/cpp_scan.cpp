@@ -4,11 +4,16 @@
 // cpp_scan.py calls it through ctypes. Threads are sized by the caller from torch's own count and are torch's
 // OpenMP pool where the build has OpenMP (see mixers/ops/parallel_items.h).
 //
-// Layouts: u, delta, z, y, dy, du, ddelta, dz are (Bt, D, L) at any strides (`Strides`, one set per tensor), staged a
-// tile of steps at a time into small step-major windows (see Block). Mamba hands them time-major (views of its
-// (Bt, L, D) projections, a step's channels adjacent): channel-major copies of them cost as long as the scan.
-// Bm, Cm are (Bt, G, L, N) at any batch, group and time strides with a step's N values adjacent (G = 1 for one B,
-// C per sequence); A (D, N), delta_bias and Dskip (D,) contiguous; z, delta_bias and Dskip optional (null).
+// Layouts: u, delta, z, y, dy, du, ddelta, dz are (Bt, G, D / G, L) at any strides (`Strides`, one set per tensor;
+// a group stride of 0 lets the G groups read one tensor), staged a tile of steps at a time into small step-major
+// windows (see Block). Mamba hands them time-major (views of its (Bt, L, D) projections, a step's channels
+// adjacent): channel-major copies of them cost as long as the scan. Bm, Cm are (Bt, G, L, N) at any batch, group
+// and time strides with a step's N values adjacent (G = 1 for one B, C per sequence); A (D, N), delta_bias and Dskip
+// (D,) contiguous; z, delta_bias and Dskip optional (null).
+//
+// order (optional, (G, L)): group g's step t reads and writes position order[g][t] of every tensor along L, so one
+// call scans each group in its own order of one grid (vmamba's four cross-scan directions, its tensors kept in
+// grid order: no gathered copies, no flips, no scatter back).
 //
 // The forward applies delta's bias and softplus as it loads a step and the D skip and the z gate as it stores one,
 // so the element-wise work around the scan costs no passes over memory of its own (in PyTorch they took about as
@@ -82,13 +87,14 @@ constexpr int64_t kBlock = 16;
 // backward recomputes and holds at once (a (kChunk, N, kBlock) buffer).
 constexpr int64_t kChunk = 64;
 
-// Strides of a tensor in elements: (batch, channel, time) for the (Bt, D, L) ones, (batch, group, time) for B and C.
+// Strides of a tensor in elements: (batch, group, channel within the group, time) for the (Bt, G, D / G, L) ones,
+// (batch, group, unused, time) for B and C.
 struct Strides {
-  int64_t b, d, t;
+  int64_t b, g, d, t;
 };
 // The tensors' places in the strides array the entry points take.
 enum Slot : int { kU, kDelta, kZ, kB, kC, kY, kDy, kDu, kDdelta, kDz, kSlots };
-static_assert(sizeof(Strides) == 3 * sizeof(int64_t), "the entry points pass strides as int64 triples");
+static_assert(sizeof(Strides) == 4 * sizeof(int64_t), "the entry points pass strides as int64 quadruples");
 
 // groups: B and C are (Bt, G, L, N) and channel d reads group d / (D / G) (mamba-ssm's "variable B" groups; vmamba
 // stacks its four directions so). Blocks never straddle a group.
@@ -337,17 +343,21 @@ inline void transpose_16(const float* src, int64_t src_stride, float* dst, int64
 #endif
 
 // A tile of the sequence: kChunk steps, taken in the order the scan runs (from the end when reversed). Steps
-// [t0, t1); the k-th step run in it is t0 + at(k).
+// [t0, t1); the k-th step run in it is t0 + at(k); step t0 + j sits at position pos(j) along L (itself, or the
+// group's order; an order is never reversed, it is the order).
 struct Tile {
   int64_t t0, t1;
   bool reverse;
-  Tile(int64_t index, int64_t length, bool rev) : reverse(rev) {
+  const int64_t* order;  // the group's row of the order, or null
+  Tile(int64_t index, int64_t length, bool rev, const int64_t* group_order = nullptr)
+      : reverse(rev), order(group_order) {
     const int64_t k0 = index * kChunk, k1 = k0 + kChunk < length ? k0 + kChunk : length;
     t0 = rev ? length - k1 : k0;
     t1 = rev ? length - k0 : k1;
   }
   int64_t size() const { return t1 - t0; }
   int64_t at(int64_t k) const { return reverse ? size() - 1 - k : k; }
+  int64_t pos(int64_t j) const { return order ? order[t0 + j] : t0 + j; }
 };
 
 // One work item: sequence b, channels d0 .. d0 + nd - 1 (nd <= kBlock; lanes past nd hold zeros and are never
@@ -360,7 +370,8 @@ template <class T>
 struct Block {
   const Shape& s;
   const Strides* st;  // kSlots sets
-  int64_t b, g, d0, nd;
+  int64_t b, g, c0, d0, nd;  // sequence, group, first channel within the group and overall, channels
+  const int64_t* order;  // the group's row of the order (G, L), or null: steps in place
   T A[kBlock * 64];  // A transposed to (N, kBlock); N <= 64 here, larger N takes the heap copy below
   std::vector<T> A_heap;
   T* At;
@@ -370,15 +381,16 @@ struct Block {
   bool softplus = false;
   bool nonpositive = false;  // every dt A <= 0: dt from softplus (>= 0) and the block's A <= 0, as Mamba's always are
 
-  Block(const Shape& shape, const Strides* strides, int64_t item, const T* A_in, const T* delta_bias = nullptr,
-        const T* D_in = nullptr, bool softplus_in = false)
+  Block(const Shape& shape, const Strides* strides, int64_t item, const int64_t* order_in, const T* A_in,
+        const T* delta_bias = nullptr, const T* D_in = nullptr, bool softplus_in = false)
       : s(shape), st(strides), softplus(softplus_in) {
     b = item / s.blocks();
     const int64_t in_batch = item % s.blocks(), gc = s.group_channels();
     g = in_batch / s.blocks_per_group();
-    const int64_t first = (in_batch % s.blocks_per_group()) * kBlock;  // within the group
-    d0 = g * gc + first;
-    nd = first + kBlock <= gc ? kBlock : gc - first;
+    order = order_in ? order_in + g * s.length : nullptr;
+    c0 = (in_batch % s.blocks_per_group()) * kBlock;
+    d0 = g * gc + c0;
+    nd = c0 + kBlock <= gc ? kBlock : gc - c0;
     const int64_t N = s.d_state;
     if (N > 64) A_heap.assign(N * kBlock, T(0));
     At = N > 64 ? A_heap.data() : A;
@@ -391,17 +403,38 @@ struct Block {
       mask[c] = T(1);
     }
   }
-  // Step t's N values of B or C (slot kB, kC).
-  int64_t bc(Slot slot, int64_t t) const { return b * st[slot].b + g * st[slot].d + t * st[slot].t; }
-  // Step t's row of the per-thread gradients of B and C, contiguous (Bt, G, L, N).
-  int64_t part(int64_t t) const { return ((b * s.groups + g) * s.length + t) * s.d_state; }
+  // The tile of the index-th kChunk steps in the scan's order.
+  Tile tile(int64_t index, bool reverse) const { return Tile(index, s.length, reverse, order); }
+  // The N values of B or C (slot kB, kC) at position p along L.
+  int64_t bc(Slot slot, int64_t p) const { return b * st[slot].b + g * st[slot].g + p * st[slot].t; }
+  // Position p's row of the per-thread gradients of B and C, contiguous (Bt, G, L, N).
+  int64_t part(int64_t p) const { return ((b * s.groups + g) * s.length + p) * s.d_state; }
+  // The block's first channel of the (Bt, G, D / G, L) tensor in `slot` at position 0.
+  template <class P>
+  P* origin(P* t, Slot slot) const {
+    const Strides& x = st[slot];
+    return t + b * x.b + g * x.g + c0 * x.d;
+  }
 
   // The tile's steps of the block's channels of the tensor in `slot` into the window w (kChunk, kBlock); lanes past
   // nd are 0. The loops follow the memory: a row of channels per step where channels are adjacent (time-major),
   // a run of steps per channel where steps are.
   void gather(const T* src, Slot slot, const Tile& tile, T* w) const {
     const Strides& x = st[slot];
-    const T* base = src + b * x.b + d0 * x.d + tile.t0 * x.t;
+    if (tile.order) {  // a row per step, wherever the order puts it (time-major rows: one vector copy each)
+      const T* first = origin(src, slot);
+      for (int64_t j = 0; j < tile.size(); ++j) {
+        const T* row = first + tile.pos(j) * x.t;
+        if (x.d == 1 && nd == kBlock) {
+#pragma omp simd
+          for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = row[c];
+        } else {
+          for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = c < nd ? row[c * x.d] : T(0);
+        }
+      }
+      return;
+    }
+    const T* base = origin(src, slot) + tile.t0 * x.t;
     if (x.d == 1 && nd == kBlock) {  // a whole block: plain row copies (the masked form below ran scalar)
       for (int64_t j = 0; j < tile.size(); ++j)
 #pragma omp simd
@@ -424,7 +457,20 @@ struct Block {
   // The window w back to the tile's steps of the block's channels of the tensor in `slot`.
   void scatter(const T* w, Slot slot, const Tile& tile, T* dst) const {
     const Strides& x = st[slot];
-    T* base = dst + b * x.b + d0 * x.d + tile.t0 * x.t;
+    if (tile.order) {
+      T* first = origin(dst, slot);
+      for (int64_t j = 0; j < tile.size(); ++j) {
+        T* row = first + tile.pos(j) * x.t;
+        if (x.d == 1 && nd == kBlock) {
+#pragma omp simd
+          for (int64_t c = 0; c < kBlock; ++c) row[c] = w[j * kBlock + c];
+        } else {
+          for (int64_t c = 0; c < nd; ++c) row[c * x.d] = w[j * kBlock + c];
+        }
+      }
+      return;
+    }
+    T* base = origin(dst, slot) + tile.t0 * x.t;
     if (x.d == 1) {
       for (int64_t j = 0; j < tile.size(); ++j)
         for (int64_t c = 0; c < nd; ++c) base[j * x.t + c] = w[j * kBlock + c];
@@ -557,17 +603,18 @@ struct Scratch {
 
 template <class T>
 void forward(const Shape& s, const Strides* st, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
-             const T* delta_bias, bool softplus, const T* D, const T* z, T* y, bool reverse, int threads) {
+             const T* delta_bias, bool softplus, const T* D, const T* z, T* y, bool reverse, const int64_t* order,
+             int threads) {
   const int64_t L = s.length, tiles = (L + kChunk - 1) / kChunk, W = tile_span(L) * kBlock, H = s.d_state * kBlock;
   Scratch<T> scratch(threads, H + 6 * W);
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
-    Block<T> blk(s, st, item, A, delta_bias, D, softplus);
+    Block<T> blk(s, st, item, order, A, delta_bias, D, softplus);
     T* h = scratch.of(tid);  // the state, zero at the start of each item; then the windows, written before read
     std::fill(h, h + H, T(0));
     T *uw = h + H, *dw = uw + W, *zw = dw + W, *yw = zw + W, *dtw = yw + W, *dxw = dtw + W;
     T core[kBlock];
     for (int64_t ti = 0; ti < tiles; ++ti) {
-      const Tile tile(ti, L, reverse);
+      const Tile tile = blk.tile(ti, reverse);
       blk.gather(u, kU, tile, uw);
       blk.gather(delta, kDelta, tile, dw);
       blk.load(uw, dw, tile.size(), dtw, dxw);
@@ -576,8 +623,8 @@ void forward(const Shape& s, const Strides* st, const T* u, const T* delta, cons
         blk.gate(zw, tile.size());
       }
       for (int64_t k = 0; k < tile.size(); ++k) {
-        const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.template step<false, true>(dtw + o, dxw + o, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), h, h, nullptr, core);
+        const int64_t j = tile.at(k), p = tile.pos(j), o = j * kBlock;
+        blk.template step<false, true>(dtw + o, dxw + o, Bm + blk.bc(kB, p), Cm + blk.bc(kC, p), h, h, nullptr, core);
         blk.store(core, uw + o, z ? zw + o : nullptr, yw + o);
       }
       blk.scatter(yw, kY, tile, y);
@@ -596,14 +643,15 @@ void forward(const Shape& s, const Strides* st, const T* u, const T* delta, cons
 template <class T>
 void backward(const Shape& s, const Strides* st, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
               const T* delta_bias, bool softplus, const T* D, const T* z, const T* dy, T* du_out, T* ddelta_out,
-              T* dA_part, T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz_out, bool reverse, int threads) {
+              T* dA_part, T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz_out, bool reverse,
+              const int64_t* order, int threads) {
   const int64_t N = s.d_state, L = s.length, W = N * kBlock, span = tile_span(L), V = span * kBlock;
   const int64_t tiles = (L + kChunk - 1) / kChunk;
   // Per thread: h, g, dA (zeroed per item), then the tile starts, the tile's states and decays, and the windows,
   // each written before it is read.
   Scratch<T> scratch(threads, 5 * W + tiles * W + 2 * span * W + 10 * V);
   parallel_items(s.batch * s.blocks(), threads, [&](int64_t item, int tid) {
-    Block<T> blk(s, st, item, A, delta_bias, D, softplus);
+    Block<T> blk(s, st, item, order, A, delta_bias, D, softplus);
     T* h = scratch.of(tid);
     // rows: a step's per-lane terms of dB (N rows) then dC (N rows), for row_sums' network where there is one and
     // N >= 8 fills it; otherwise each is reduced in place (vmamba's N = 1 ran slower through the rows)
@@ -616,32 +664,32 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
     for (int64_t ti = 0; ti < tiles; ++ti) {  // states at tile starts
       std::memcpy(&starts[ti * W], h, W * sizeof(T));
       if (ti + 1 == tiles) break;  // the last tile's own steps lead to no start: at L <= kChunk, no pass at all
-      const Tile tile(ti, L, reverse);
+      const Tile tile = blk.tile(ti, reverse);
       blk.gather(u, kU, tile, uw);
       blk.gather(delta, kDelta, tile, dw);
       blk.load(uw, dw, tile.size(), dtw, dxw);
       for (int64_t k = 0; k < tile.size(); ++k) {
-        const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
-        blk.template step<false, false>(dtw + o, dxw + o, Bm + blk.bc(kB, t), nullptr, h, h, nullptr, nullptr);
+        const int64_t j = tile.at(k), p = tile.pos(j), o = j * kBlock;
+        blk.template step<false, false>(dtw + o, dxw + o, Bm + blk.bc(kB, p), nullptr, h, h, nullptr, nullptr);
       }
     }
     T* dB_t = dB_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
     T* dC_t = dC_part + static_cast<int64_t>(tid) * s.batch * s.groups * L * N;
     for (int64_t ti = tiles - 1; ti >= 0; --ti) {
-      const Tile tile(ti, L, reverse);
+      const Tile tile = blk.tile(ti, reverse);
       blk.gather(u, kU, tile, uw);
       blk.gather(delta, kDelta, tile, dw);
       blk.gather(dy, kDy, tile, gw);
       if (z) blk.gather(z, kZ, tile, zw);
       blk.load(uw, dw, tile.size(), dtw, dxw);
       for (int64_t k = 0; k < tile.size(); ++k) {  // recompute the tile's states, decays and core outputs
-        const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
+        const int64_t j = tile.at(k), p = tile.pos(j), o = j * kBlock;
         const T* prev = k > 0 ? &hs[(k - 1) * W] : &starts[ti * W];
-        blk.template step<true, true>(dtw + o, dxw + o, Bm + blk.bc(kB, t), Cm + blk.bc(kC, t), prev, &hs[k * W],
+        blk.template step<true, true>(dtw + o, dxw + o, Bm + blk.bc(kB, p), Cm + blk.bc(kC, p), prev, &hs[k * W],
                                       &as[k * W], cw + o);
       }
       for (int64_t k = tile.size() - 1; k >= 0; --k) {
-        const int64_t j = tile.at(k), t = tile.t0 + j, o = j * kBlock;
+        const int64_t j = tile.at(k), p = tile.pos(j), o = j * kBlock;
         const T* dt = dtw + o;
         const T* du = dxw + o;
         const T* ur = uw + o;
@@ -667,10 +715,10 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
         const T* hk = &hs[k * W];
         const T* prev = k > 0 ? &hs[(k - 1) * W] : &starts[ti * W];
         const T* ak = &as[k * W];
-        const T* Bt = Bm + blk.bc(kB, t);
-        const T* Ct = Cm + blk.bc(kC, t);
-        T* dBr = dB_t + blk.part(t);
-        T* dCr = dC_t + blk.part(t);
+        const T* Bt = Bm + blk.bc(kB, p);
+        const T* Ct = Cm + blk.bc(kC, p);
+        T* dBr = dB_t + blk.part(p);
+        T* dCr = dC_t + blk.part(p);
         if constexpr (kRegister16 && std::is_same_v<T, float>) {
           if (through_rows)
             reverse_states_16(N, W, blk.At, Bt, Ct, gy, dt, du, prev, hk, ak, g, dA, rows, sgb, sdd);
@@ -721,26 +769,27 @@ void backward(const Shape& s, const Strides* st, const T* u, const T* delta, con
 
 extern "C" {
 
-int mixerbench_scan_abi_version() { return 7; }
+int mixerbench_scan_abi_version() { return 8; }
 
-// strides: kSlots x 3 int64 (see Slot and Strides), those of absent tensors unread.
+// strides: kSlots x 4 int64 (see Slot and Strides), those of absent tensors unread; order: (G, L) int64 or null.
 #define MIXERBENCH_SCAN_ENTRY(T, suffix)                                                                        \
   void mixerbench_scan_fwd_##suffix(int64_t batch, int64_t channels, int64_t length, int64_t d_state,         \
                                     int64_t groups, const int64_t* strides, const T* u, const T* delta,         \
                                     const T* A, const T* Bm, const T* Cm, const T* delta_bias, int softplus,    \
-                                    const T* D, const T* z, T* y, int reverse, int threads) {                   \
+                                    const T* D, const T* z, T* y, int reverse, const int64_t* order,            \
+                                    int threads) {                                                             \
     forward<T>(Shape{batch, channels, length, d_state, groups}, reinterpret_cast<const Strides*>(strides), u,   \
-               delta, A, Bm, Cm, delta_bias, softplus != 0, D, z, y, reverse != 0, threads);                   \
+               delta, A, Bm, Cm, delta_bias, softplus != 0, D, z, y, reverse != 0, order, threads);            \
   }                                                                                                            \
   void mixerbench_scan_bwd_##suffix(int64_t batch, int64_t channels, int64_t length, int64_t d_state,         \
                                     int64_t groups, const int64_t* strides, const T* u, const T* delta,         \
                                     const T* A, const T* Bm, const T* Cm, const T* delta_bias, int softplus,    \
                                     const T* D, const T* z, const T* dy, T* du, T* ddelta, T* dA_part,          \
                                     T* dB_part, T* dC_part, T* dD_part, T* dbias_part, T* dz, int reverse,      \
-                                    int threads) {                                                             \
+                                    const int64_t* order, int threads) {                                       \
     backward<T>(Shape{batch, channels, length, d_state, groups}, reinterpret_cast<const Strides*>(strides), u,  \
                 delta, A, Bm, Cm, delta_bias, softplus != 0, D, z, dy, du, ddelta, dA_part, dB_part, dC_part,   \
-                dD_part, dbias_part, dz, reverse != 0, threads);                                               \
+                dD_part, dbias_part, dz, reverse != 0, order, threads);                                        \
   }
 
 MIXERBENCH_SCAN_ENTRY(float, f32)
