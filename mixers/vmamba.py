@@ -186,6 +186,13 @@ class SS2D(TokenMixer):
         )
         return y.unflatten(1, (DIRECTIONS, d))  # (B, 4, d_inner, L)
 
+    def _scan_orders(self, grid: Grid, device: torch.device) -> Tensor:
+        """`scan_orders(grid)`, cached per grid in eager; compiled, built in the graph (a few index ops inductor
+        folds): `grid_cached`'s inference-mode check is a graph break, which split every block's compiled graph."""
+        if torch.compiler.is_compiling():
+            return scan_orders(grid, device)
+        return grid_cached(self._orders, (grid, device), lambda: scan_orders(grid, device))
+
     def scan_grid(self, u: Tensor, grid: Grid) -> Tensor:
         """The cross-scan, the four scans and the cross-merge of `u (B, L, d_inner)` in grid order, through the C++
         scan reading each direction's steps where they lie (`scan_orders`): to the summed outputs, `(B, L, d_inner)`.
@@ -202,7 +209,7 @@ class SS2D(TokenMixer):
         dt, B, C = torch.split(x_dbl, [r, n, n], dim=-1)  # (B, L, 4, r), (B, L, 4, N), (B, L, 4, N)
         delta = torch.bmm(dt.permute(2, 0, 1, 3).reshape(DIRECTIONS, batch * L, r),
                           self.dt_projs_weight.transpose(1, 2))  # (4, B L, d_inner)
-        order = grid_cached(self._orders, (grid, u.device), lambda: scan_orders(grid, u.device))
+        order = self._scan_orders(grid, u.device)
         y = selective_scan_cpp_call(
             u.transpose(1, 2).unsqueeze(1).expand(batch, DIRECTIONS, d, L),  # one u, read by every direction
             delta.unflatten(1, (batch, L)).permute(1, 0, 3, 2),  # (B, 4, d_inner, L), time-major

@@ -165,11 +165,12 @@ def test_compiled_training_trains() -> None:
     assert run_.result.accuracy is not None and 0 <= run_.result.accuracy <= 1
 
 
-@pytest.mark.parametrize("mixer", ["swin", "neighborhood"])
+@pytest.mark.parametrize("mixer", ["swin", "neighborhood", "vmamba"])
 def test_compiled_training_after_a_compiled_inference_under_inference_mode(mixer: str) -> None:
     """A cost point runs the compiled forward under inference_mode, then the compiled training step on the same
     model: the per-grid tensors the first cached (swin's mask and index, neighborhood's tiles) came out of an
-    inference-mode graph, and the training graph could not save them for backward (`mixers.base.grid_cached`)."""
+    inference-mode graph, and the training graph could not save them for backward (`mixers.base.grid_cached`);
+    vmamba's scan orders are built in its graphs."""
     torch._dynamo.reset()
     model = create_vit("micro", mixer=mixer, img_size=32, patch_size=8, depth=1, num_classes=4)
     compiled = torch.compile(model)

@@ -481,6 +481,8 @@ def test_cpp_loop_refuses_an_order_it_cannot_follow() -> None:
         call(order=_grid_orders(2, 3)[:, :5])
     with pytest.raises(ValueError, match="an order or reverse, not both"):
         call(order=_grid_orders(2, 3), reverse=True)
+    with pytest.raises(ValueError, match=re.escape("dy (2, 8, 5) must be shaped as u (2, 8, 6)")):
+        cpp_scan._scan_backward(torch.randn(2, 8, 5), *list(inputs.values())[:8], True, False, _grid_orders(2, 3))
 
 
 @needs_cpp

@@ -114,3 +114,17 @@ def test_rejects_bad_options() -> None:
         build(scan_impl="nope")
     with pytest.raises(ValueError, match="d_conv must be odd"):
         build(d_conv=4)
+
+
+@pytest.mark.skipif(CPP_PROBLEM is not None, reason=f"cpp_loop: {CPP_PROBLEM}")
+def test_the_grid_path_compiles_to_one_graph_and_matches_eager() -> None:
+    """Compiled, the grid path (`cpp_loop`) is one graph, forward and backward: the scan orders are built in it, not
+    looked up through `grid_cached`, whose inference-mode check broke every block's graph in two."""
+    torch._dynamo.reset()
+    mixer = perturb(build(scan_impl="cpp_loop"))
+    x = torch.randn(2, 3 * 5, DIM, requires_grad=True)
+    out = torch.compile(mixer, fullgraph=True)(x, (3, 5))
+    (grad,) = torch.autograd.grad(out.square().sum(), x)
+    (grad_eager,) = torch.autograd.grad(mixer(x, (3, 5)).square().sum(), x)
+    assert mixer.impl == "cpp_loop"
+    torch.testing.assert_close(grad, grad_eager, rtol=1e-4, atol=1e-5)

@@ -200,6 +200,8 @@ def _scan_backward(
         the others contiguous.
     """
     p = _Inputs(u, delta, A, B, C, D, z, delta_bias, order)
+    if dy.shape != u.shape:  # read by u's shape, as the inputs
+        raise ValueError(f"cpp_loop scan: dy {tuple(dy.shape)} must be shaped as u {tuple(u.shape)}")
     batch, channels, length, d_state, groups = p.shape
     threads = cpu_kernels.threads()
     bias, skip = (_optional(t, p.dtype) for t in (delta_bias, D))
