@@ -67,8 +67,8 @@ class SS2D(TokenMixer):
     on CUDA, mamba-ssm's CUDA kernel where it imports, the compiled `cpp_loop` on the CPU, the PyTorch op where
     it cannot be built; `impl` records which); the cross-merge; `out_norm` (LayerNorm), gate by silu(z),
     out_proj. With `cpp_loop` the cross-scan and the merge are the kernel's: every tensor stays in grid order and
-    the kernel walks each direction's order of it (`scan_grid`). Parameter names follow VMamba's SS2D (`x_proj_weight`, `dt_projs_weight`, `dt_projs_bias`, `A_logs`,
-    `Ds`, stacked over the four directions).
+    the kernel walks each direction's order of it (`scan_grid`). Parameter names follow VMamba's SS2D
+    (`x_proj_weight`, `dt_projs_weight`, `dt_projs_bias`, `A_logs`, `Ds`, stacked over the four directions).
 
     Where it departs from the released models: the forward is VMamba's v0 form (in_proj to 2 x d_inner, the z gate
     silu(z) after out_norm), while the released v2 checkpoints use the no-z form (in_proj to d_inner only, no gate
@@ -200,8 +200,8 @@ class SS2D(TokenMixer):
         x_proj and dt_proj act on each token alone, so they run on the grid-order tokens (x_proj of all four
         directions as one matmul) and give each direction's dt, B and C at the token's place; the four directions
         read one u (an expanded view) and their outputs are summed where they lie. No sequence is gathered,
-        flipped or scattered back: at the micro preset those copies and their gradients cost about as much as the
-        scans.
+        flipped or scattered back, and the kernel stages time-major rows (a vector copy per step) where the stacked
+        directions had it transpose channel-major tiles.
         """
         batch, L, d = u.shape
         n, r = self.d_state, self.dt_rank
