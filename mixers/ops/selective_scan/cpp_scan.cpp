@@ -273,8 +273,8 @@ inline F16 sum_16_rows(const float* rows) {
 
 // dst row r, column c = src row c, column r, for a 16 x 16 float tile (rows `src_stride` and `dst_stride` apart):
 // four stages, each exchanging the off-diagonal halves of every 2h x 2h block between the row pairs (i, i + h).
-// The staged windows of channel-major (B, D, L) tensors (vmamba's stacked directions, as its GPU path still hands
-// them) are such transposes; element by element they were about a quarter of the scan there.
+// The staged windows of channel-major (B, D, L) tensors are such transposes; element by element they were about a
+// quarter of the scan of vmamba's stacked directions (before it kept its tensors in grid order).
 inline void transpose_16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
   F16 v[16];
   for (int r = 0; r < 16; ++r) std::memcpy(&v[r], src + r * src_stride, sizeof(F16));
@@ -333,8 +333,8 @@ inline void transpose_8(const float* src, int64_t src_stride, float* dst, int64_
   }
 }
 
-// The 16 x 16 tile of the AVX-512 build's transpose_16, as four 8 x 8 ones: channel-major windows (vmamba's stacked
-// directions), which element by element took about 30% of its scan's forward (AMD EPYC, micro and tiny presets).
+// The 16 x 16 tile of the AVX-512 build's transpose_16, as four 8 x 8 ones: channel-major windows, which element by
+// element took about 30% of the forward of vmamba's stacked directions (AMD EPYC, micro and tiny presets).
 inline void transpose_16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
   for (int64_t i = 0; i < 16; i += 8)
     for (int64_t j = 0; j < 16; j += 8)
