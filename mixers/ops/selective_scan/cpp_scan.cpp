@@ -421,68 +421,49 @@ struct Block {
   // a run of steps per channel where steps are.
   void gather(const T* src, Slot slot, const Tile& tile, T* w) const {
     const Strides& x = st[slot];
-    if (tile.order) {  // a row per step, wherever the order puts it (time-major rows: one vector copy each)
-      const T* first = origin(src, slot);
+    const T* first = origin(src, slot);  // step t0 + j is at position tile.pos(j) from here
+    if (x.d == 1 && nd == kBlock) {  // a whole block: plain row copies (the masked form below ran scalar)
       for (int64_t j = 0; j < tile.size(); ++j) {
         const T* row = first + tile.pos(j) * x.t;
-        if (x.d == 1 && nd == kBlock) {
 #pragma omp simd
-          for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = row[c];
-        } else {
-          for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = c < nd ? row[c * x.d] : T(0);
-        }
+        for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = row[c];
       }
       return;
     }
-    const T* base = origin(src, slot) + tile.t0 * x.t;
-    if (x.d == 1 && nd == kBlock) {  // a whole block: plain row copies (the masked form below ran scalar)
-      for (int64_t j = 0; j < tile.size(); ++j)
-#pragma omp simd
-        for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = base[j * x.t + c];
-      return;
-    }
     if (x.d == 1) {
-      for (int64_t j = 0; j < tile.size(); ++j)
-        for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = c < nd ? base[j * x.t + c] : T(0);
+      for (int64_t j = 0; j < tile.size(); ++j) {
+        const T* row = first + tile.pos(j) * x.t;
+        for (int64_t c = 0; c < kBlock; ++c) w[j * kBlock + c] = c < nd ? row[c] : T(0);
+      }
       return;
     }
     int64_t j0 = 0;
     if constexpr (kRegisterVector && std::is_same_v<T, float>) {  // channel-major rows: 16 x 16 tiles transposed
-      if (x.t == 1 && nd == kBlock)
-        for (; j0 + 16 <= tile.size(); j0 += 16) transpose_16(base + j0, x.d, w + j0 * kBlock, kBlock);
+      if (!tile.order && x.t == 1 && nd == kBlock)
+        for (; j0 + 16 <= tile.size(); j0 += 16) transpose_16(first + tile.t0 + j0, x.d, w + j0 * kBlock, kBlock);
     }
     for (int64_t c = 0; c < kBlock; ++c)
-      for (int64_t j = j0; j < tile.size(); ++j) w[j * kBlock + c] = c < nd ? base[c * x.d + j * x.t] : T(0);
+      for (int64_t j = j0; j < tile.size(); ++j)
+        w[j * kBlock + c] = c < nd ? first[c * x.d + tile.pos(j) * x.t] : T(0);
   }
   // The window w back to the tile's steps of the block's channels of the tensor in `slot`.
   void scatter(const T* w, Slot slot, const Tile& tile, T* dst) const {
     const Strides& x = st[slot];
-    if (tile.order) {
-      T* first = origin(dst, slot);
+    T* first = origin(dst, slot);
+    if (x.d == 1) {
       for (int64_t j = 0; j < tile.size(); ++j) {
         T* row = first + tile.pos(j) * x.t;
-        if (x.d == 1 && nd == kBlock) {
-#pragma omp simd
-          for (int64_t c = 0; c < kBlock; ++c) row[c] = w[j * kBlock + c];
-        } else {
-          for (int64_t c = 0; c < nd; ++c) row[c * x.d] = w[j * kBlock + c];
-        }
+        for (int64_t c = 0; c < nd; ++c) row[c] = w[j * kBlock + c];
       }
-      return;
-    }
-    T* base = origin(dst, slot) + tile.t0 * x.t;
-    if (x.d == 1) {
-      for (int64_t j = 0; j < tile.size(); ++j)
-        for (int64_t c = 0; c < nd; ++c) base[j * x.t + c] = w[j * kBlock + c];
       return;
     }
     int64_t j0 = 0;
     if constexpr (kRegisterVector && std::is_same_v<T, float>) {
-      if (x.t == 1 && nd == kBlock)
-        for (; j0 + 16 <= tile.size(); j0 += 16) transpose_16(w + j0 * kBlock, kBlock, base + j0, x.d);
+      if (!tile.order && x.t == 1 && nd == kBlock)
+        for (; j0 + 16 <= tile.size(); j0 += 16) transpose_16(w + j0 * kBlock, kBlock, first + tile.t0 + j0, x.d);
     }
     for (int64_t c = 0; c < nd; ++c)
-      for (int64_t j = j0; j < tile.size(); ++j) base[c * x.d + j * x.t] = w[j * kBlock + c];
+      for (int64_t j = j0; j < tile.size(); ++j) first[c * x.d + tile.pos(j) * x.t] = w[j * kBlock + c];
   }
 
   // The tile's dt (delta's bias and softplus applied here, in the forward and the backward alike) and dt * u,
