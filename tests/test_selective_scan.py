@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from cross_scan_orders import cross_scan_orders
+
 from mixers.base import CUSTOM_OP_MACS
 import mixers.ops.selective_scan as scan_module
 from mixers.ops.selective_scan import cpp_scan
@@ -407,10 +409,8 @@ def test_cpp_loop_opcheck() -> None:
 
 
 def _grid_orders(H: int, W: int) -> torch.Tensor:
-    """vmamba's four orders of an H x W grid, written out: rows, columns, and each reversed."""
-    rows = [r * W + c for r in range(H) for c in range(W)]
-    cols = [r * W + c for c in range(W) for r in range(H)]
-    return torch.tensor([rows, cols, rows[::-1], cols[::-1]])
+    """vmamba's four orders of an H x W grid as the kernel takes them, (4, H W) int64."""
+    return torch.tensor(cross_scan_orders(H, W))
 
 
 @needs_cpp

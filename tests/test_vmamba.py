@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cross_scan_orders import cross_scan_orders
 from mixers import create_mixer
 from mixers.ops.selective_scan import selective_scan_reference
 from mixers.ops.selective_scan.cpp_scan import cpp_unavailable_reason
@@ -19,12 +20,6 @@ def build(**options) -> SS2D:
     return mixer
 
 
-def scan_orders(grid: tuple[int, int]) -> list[list[int]]:
-    """Row-major token index of each step of the four scan orders, written out cell by cell."""
-    H, W = grid
-    rows = [r * W + c for r in range(H) for c in range(W)]
-    cols = [r * W + c for c in range(W) for r in range(H)]
-    return [rows, cols, rows[::-1], cols[::-1]]
 
 
 def ss2d_reference(m: SS2D, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -37,7 +32,7 @@ def ss2d_reference(m: SS2D, x: torch.Tensor, grid: tuple[int, int]) -> torch.Ten
     image = u.transpose(1, 2).reshape(x.shape[0], d, H, W)
     u = F.silu(F.conv2d(image, m.conv2d.weight, m.conv2d.bias, padding=m.d_conv // 2, groups=d)).flatten(2)
     y = torch.zeros_like(u)  # (B, d, L) in row-major grid order
-    for k, order in enumerate(scan_orders(grid)):
+    for k, order in enumerate(cross_scan_orders(*grid)):
         seq = u[:, :, order]  # (B, d, L) in scan order k
         x_dbl = seq.transpose(1, 2) @ m.x_proj_weight[k].T  # (B, L, r + 2N)
         delta = (x_dbl[..., :r] @ m.dt_projs_weight[k].T).transpose(1, 2)
@@ -60,7 +55,7 @@ def test_cross_scan_and_merge_follow_the_index_lists() -> None:
     grid = (3, 5)
     x = torch.randn(2, 4, *grid)
     flat = x.flatten(2)
-    orders = scan_orders(grid)
+    orders = cross_scan_orders(*grid)
     for seq, order in zip(cross_scan(x), orders):
         assert torch.equal(seq, flat[:, :, order])
     ys = [torch.randn(2, 4, 15) for _ in orders]
