@@ -11,7 +11,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from cross_scan_orders import cross_scan_orders
-
 from mixers.base import CUSTOM_OP_MACS
 import mixers.ops.selective_scan as scan_module
 from mixers.ops.selective_scan import cpp_scan

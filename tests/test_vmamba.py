@@ -20,8 +20,6 @@ def build(**options) -> SS2D:
     return mixer
 
 
-
-
 def ss2d_reference(m: SS2D, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """SS2D in float64, built from index lists: direction k scans the tokens in order k with the reference scan and
     writes each output back to the token it came from; the four are summed. Differentiable through autograd."""
