@@ -104,7 +104,7 @@ COLUMNS: tuple[str, ...] = KEY_COLUMNS + (
     # True: stopped by the rule (validation stopped improving); False: ended at the maximum budget under the rule;
     # "": the recipe set no rule (nothing judged it)
     "converged",
-    "stop_reason",  # plateau | max_budget | diverged | "" (no training, or trained before the rule existed)
+    "stop_reason",  # plateau | ceiling | max_budget | diverged | "" (no training, or trained before the rule existed)
     "converged_samples",  # samples seen when the best validation accuracy was first reached (within min_delta)
     "target_accuracy",  # the validation accuracy, in [0, 1], whose first reach the next two columns time
     "samples_to_target",  # samples seen at the first evaluation at or above target_accuracy; empty: never

@@ -10,7 +10,7 @@ import torch
 
 from experiments.schema import CURVE_COLUMNS, KEY_COLUMNS
 from experiments.train import device_trainer
-from experiments.train.convergence import curve_numbers, last_improvement, plateau_seen
+from experiments.train.convergence import ceiling_reached, curve_numbers, last_improvement, plateau_seen
 from experiments.train.curve import read_curve
 from experiments.train.datasets import build_dataset, fresh_seed
 from experiments.train.device_trainer import SplitScore, eval_interval, train_on_device
@@ -50,7 +50,7 @@ def test_a_killed_training_resumes_its_curve_exactly(tmp_path: Path) -> None:
     path = tmp_path / "resumed.csv"
     with pytest.raises(RuntimeError, match="simulated crash"):
         # Crashes in epoch 2: the file holds the curve up to the last evaluation before the crash.
-        train(crash_after(tiny_vit(), 45), checkpoint_dir=tmp_path / "ckpt", curve_path=path)
+        train(crash_after(tiny_vit(), 45), checkpoint_dir=tmp_path / "ckpt", curve_path=path, checkpoint_every_s=0)
     partial = read_curve(path)
     assert 1 < len(partial) < len(straight.curve)
     resumed = train(tiny_vit(seed=9), checkpoint_dir=tmp_path / "ckpt", curve_path=path)
@@ -73,7 +73,7 @@ def test_a_checkpoint_with_the_curve_as_a_list_still_resumes(tmp_path: Path) -> 
 
     straight = train(tiny_vit())
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(crash_after(tiny_vit(), 45), checkpoint_dir=tmp_path / "ckpt")
+        train(crash_after(tiny_vit(), 45), checkpoint_dir=tmp_path / "ckpt", checkpoint_every_s=0)
     checkpoint = tmp_path / "ckpt" / CHECKPOINT_NAME
     saved = torch.load(checkpoint, weights_only=True)
     assert isinstance(saved["curve"], str)
@@ -115,6 +115,29 @@ def test_the_rule_stops_on_a_plateau(monkeypatch) -> None:
     assert run.curve[-1]["lr"] == pytest.approx(recipe.min_lr)  # annealed before stopping
 
 
+def test_the_rule_with_stop_at_ceiling_ends_where_no_gain_is_left(monkeypatch) -> None:
+    fake_scores(monkeypatch, lambda i: min(0.3 + 0.35 * i, 1.0))  # 0.3, 0.65, 1.0, then at the ceiling
+    recipe = dataclasses.replace(RECIPE, epochs=8, patience=0.25, min_delta=0.01, stop_at_ceiling=True)
+    run = train(tiny_vit(), recipe)
+    samples = [row["samples_seen"] for row in run.curve]
+    assert run.rule_columns["stop_reason"] == "ceiling" and run.rule_columns["converged"] is True
+    # Declared at the evaluation that reached 1.0, not a patience later; then the decay of 15% of what was trained.
+    every = eval_interval(recipe, recipe.epochs * 20) * recipe.batch_size
+    declared = 2 * every
+    assert samples[-1] == declared + round(recipe.decay_fraction * declared / recipe.batch_size) * recipe.batch_size
+    assert run.curve[-1]["lr"] == pytest.approx(recipe.min_lr)
+    fake_scores(monkeypatch, lambda i: min(0.3 + 0.35 * i, 1.0))  # without it: the plateau, a patience later
+    plain = train(tiny_vit(), dataclasses.replace(recipe, stop_at_ceiling=False))
+    assert plain.rule_columns["stop_reason"] == "plateau" and plain.curve[-1]["samples_seen"] > samples[-1]
+
+
+def test_stop_at_ceiling_needs_the_rule() -> None:
+    with pytest.raises(ValueError, match="set patience"):
+        dataclasses.replace(RECIPE, patience=None, stop_at_ceiling=True)
+    with pytest.raises(ValueError, match="true or false"):
+        dataclasses.replace(RECIPE, patience=0.25, stop_at_ceiling=1)
+
+
 def test_the_rule_runs_on_while_the_curve_climbs(monkeypatch) -> None:
     fake_scores(monkeypatch, lambda i: 0.1 + 0.011 * i)  # a gain above min_delta at every evaluation
     recipe = dataclasses.replace(RECIPE, epochs=4, patience=0.25, min_delta=0.01, target_accuracy=0.99)
@@ -154,6 +177,14 @@ def test_rule_as_a_function_of_the_history() -> None:
                          ).samples_to_target is None
     assert curve_numbers(samples, [None] * 6, min_delta=0.0, target_accuracy=0.9, flops_per_sample=None
                          ).converged_samples is None
+
+
+def test_ceiling_is_where_no_gain_of_min_delta_is_left() -> None:
+    samples = [0, 100, 200, 300]
+    assert ceiling_reached(samples, [0.5, 0.8, 0.975, 0.97], min_delta=0.03, chance=0.5)  # 0.975 + 0.03 > 1
+    assert not ceiling_reached(samples, [0.5, 0.8, 0.96, 0.97], min_delta=0.03, chance=0.5)  # 0.99 is still a gain
+    assert not ceiling_reached(samples, [0.98, 0.98, 0.99, 1.0], min_delta=0.03)  # never improved on its start
+    assert not ceiling_reached(samples, [0.5, 0.8, 0.99, 0.52], min_delta=0.03, chance=0.5)  # fallen to chance
 
 
 def test_schedule_warms_up_holds_and_decays_at_the_end() -> None:

@@ -138,7 +138,8 @@ def test_resume_after_interrupt_is_bit_exact(tmp_path: Path) -> None:
 
     crashing.forward = forward
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train_on_device(crashing, train, test, view, recipe, dtype=torch.float32, seed=0, checkpoint_dir=tmp_path)
+        train_on_device(crashing, train, test, view, recipe, dtype=torch.float32, seed=0, checkpoint_dir=tmp_path,
+                        checkpoint_every_s=0)
     # Tensors and plain values only: the checkpoint loads without unpickling arbitrary objects.
     assert 0 < torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] <= 6
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -105,21 +106,38 @@ def test_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     straight = tiny_vit()
     expected = run(straight, recipe, train=train)
 
-    # Crash in epoch 2 (7 steps an epoch, one evaluation on the test split at the end): the checkpoint on disk
-    # is the last evaluation's.
+    # Crash in epoch 2 (7 steps an epoch, one evaluation on the test split at the end): with a checkpoint at every
+    # evaluation, the one on disk is the last evaluation's.
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run(crash_after(tiny_vit(), 10), recipe, train=train, checkpoint_dir=tmp_path)
+        run(crash_after(tiny_vit(), 10), recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=0)
     assert 0 < torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] <= 10
 
     # A differently initialised model proves the weights come from the checkpoint.
     resumed_model = tiny_vit(seed=123)
-    resumed = run(resumed_model, recipe, train=train, checkpoint_dir=tmp_path)
+    resumed = run(resumed_model, recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=0)
     assert resumed.status == "ok" and resumed.epochs_done == recipe.epochs
     assert resumed.accuracy == expected.accuracy and resumed.best_accuracy == expected.best_accuracy
     assert resumed.final_train_loss == pytest.approx(expected.final_train_loss, abs=0)
     assert_same_weights(weights(resumed_model), weights(straight))
     assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] == 21
     assert not [p for p in tmp_path.iterdir() if p.name != CHECKPOINT_NAME]  # no temp files left behind
+
+
+def test_checkpoints_wait_their_interval_but_the_first_and_the_last(tmp_path: Path) -> None:
+    # With an interval no run reaches, the checkpoints are the first evaluation's and the end's: a crash in
+    # between resumes from the start, and still ends where an uninterrupted run ends.
+    recipe = dataclasses.replace(FAST, epochs=3)
+    train = channel_set(100, 1)
+    straight = tiny_vit()
+    expected = run(straight, recipe, train=train)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(crash_after(tiny_vit(), 10), recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=math.inf)
+    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] == 0
+    resumed_model = tiny_vit(seed=123)
+    resumed = run(resumed_model, recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=math.inf)
+    assert resumed.accuracy == expected.accuracy
+    assert_same_weights(weights(resumed_model), weights(straight))
+    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] == 21
 
 
 def test_resume_with_drop_path_restores_rng(tmp_path: Path) -> None:
@@ -143,9 +161,9 @@ def test_resume_with_drop_path_restores_rng(tmp_path: Path) -> None:
     straight = build()
     run(straight, recipe, train=train)
     with pytest.raises(RuntimeError):
-        run(crash_after(build(), 8), recipe, train=train, checkpoint_dir=tmp_path)
+        run(crash_after(build(), 8), recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=0)
     resumed = build(seed=7)
-    run(resumed, recipe, train=train, checkpoint_dir=tmp_path)
+    run(resumed, recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=0)
     assert_same_weights(weights(resumed), weights(straight))
 
 

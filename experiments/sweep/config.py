@@ -220,9 +220,9 @@ class SweepConfig:
         ]
         if not self.epochs:
             return points
-        # A training point checkpoints at every evaluation under a folder named by its key, so a rerun resumes
-        # it; its learning curve and receptive field maps are named by the same hash, so the report can match
-        # them to their row.
+        # A training point checkpoints (experiments/train/device_trainer.py) under a folder named by its key, so a
+        # rerun resumes it; its learning curve and receptive field maps are named by the same hash, so the report
+        # can match them to their row.
         erf, curves = self.out_dir / "erf", self.out_dir / CURVES_DIR
         return [dataclasses.replace(p, checkpoint_dir=str(checkpoints / _digest(p.key)),
                                     curve_path=str(curves / f"{_digest(p.key)}.csv"),

@@ -51,6 +51,21 @@ def plateau_seen(samples: Sequence[int], accuracies: Sequence[float], *, patienc
     return samples[-1] - max(at, samples[off_chance]) >= patience_samples
 
 
+def ceiling_reached(samples: Sequence[int], accuracies: Sequence[float], *, min_delta: float,
+                    chance: float = 0.0) -> bool:
+    """True when the curve's last improvement (`last_improvement`) scored above 1 - min_delta, so no accuracy can
+    improve on it by `min_delta` any more, and its latest evaluation stands at least `min_delta` above `chance`.
+
+    `plateau_seen` would then certainly call a plateau once the patience has passed, unless the accuracy fell back
+    to chance first; a recipe with `stop_at_ceiling` does not wait for it (Lightning's EarlyStopping has the same
+    idea as `stopping_threshold`). A curve that never improved on its first evaluation has not reached anything.
+    """
+    at = last_improvement(samples, accuracies, min_delta)
+    if at == samples[0] or accuracies[-1] < chance + min_delta:
+        return False
+    return accuracies[list(samples).index(at)] > 1 - min_delta
+
+
 @dataclass(frozen=True)
 class CurveNumbers:
     """What a finished curve says, in the row's columns (schema.py); None is an empty cell."""

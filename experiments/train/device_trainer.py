@@ -17,9 +17,11 @@ maximum budget, decaying over the budget's last `decay_fraction`. The test split
 Generated tasks (reach, pathfinder) can draw a fresh training set every epoch: `fresh_train(epoch)` returns it
 (epoch 0 trains on the data set's own training images); validation and test stay fixed.
 
-On a CPU the run is bit-for-bit repeatable, and a checkpoint written at every evaluation resumes to the same
-weights and the same curve (wall times aside) as a run never interrupted: the epoch's random draws and fresh
-images derive from (seed, epoch) alone, the global RNG state (drop-path) is saved, and so is the curve so far.
+On a CPU the run is bit-for-bit repeatable, and a checkpoint resumes to the same weights and the same curve (wall
+times aside) as a run never interrupted: the epoch's random draws and fresh images derive from (seed, epoch)
+alone, the global RNG state (drop-path) is saved, and so is the curve so far. A checkpoint is written at an
+evaluation once `checkpoint_every_s` of training has passed since the last one, and at the end, so a killed run
+loses at most that much (saved at every evaluation, a short CPU training spent a tenth of its time saving).
 Checkpoints hold tensors and plain values only, so they load with `weights_only=True`.
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .convergence import curve_numbers, plateau_seen
+from .convergence import ceiling_reached, curve_numbers, plateau_seen
 from .curve import write_curve
 from .device_data import DeviceSplit, DeviceView, epoch_draws, model_inputs
 from .recipe import (
@@ -45,6 +47,8 @@ from .schedule import WarmupConstantDecay
 from .validation import validation_indices
 
 DIVERGENCE_CHECK_STEPS = 16
+# Seconds of training between two checkpoints (at the evaluation that follows); 0 saves at every evaluation.
+CHECKPOINT_EVERY_S = 60.0
 # What a checkpoint of this loop holds besides the recipe, seed and training-split size.
 CHECKPOINT_KEYS = ("model", "optimizer", "rng_cpu", "step", "samples", "train_time_s", "final_train_loss",
                    "curve", "schedule", "stop_reason")
@@ -176,6 +180,7 @@ def train_on_device(
     dtype: torch.dtype,
     seed: int,
     checkpoint_dir: Path | None = None,
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
     compile_mode: str = "",
     fresh_train: Callable[[int, int], DeviceSplit] | None = None,
     train_buckets: Sequence[str] | None = None,
@@ -194,7 +199,9 @@ def train_on_device(
         recipe: hyper-parameters; `val_fraction` of `train` is held out (seeded by `seed`).
         dtype: `torch.float32`, or `torch.bfloat16` for bf16 autocast with fp32 master weights.
         seed: seed of the validation split, of every epoch's draws and of the global RNGs.
-        checkpoint_dir: if set, a checkpoint at every evaluation; an existing one is resumed from.
+        checkpoint_dir: if set, checkpoints are written there and an existing one is resumed from.
+        checkpoint_every_s: training seconds between two checkpoints, each written at the next evaluation (and one
+            at the first evaluation and at the end); 0 writes one at every evaluation.
         compile_mode: a `torch.compile` mode for the forward ("" runs eager).
         fresh_train: `fresh_train(epoch, n)` -> n new training images for epoch >= 1 (generated tasks); None
             trains every epoch on the same images.
@@ -243,12 +250,15 @@ def train_on_device(
             restore_rng_state(saved, device)
             schedule = dataclasses.replace(schedule, **saved["schedule"])
             state = {k: saved[k] for k in state}
+    # Training seconds (`train_time_s`) at the last checkpoint; None: none written by this run or resumed from.
+    saved_at: list[float | None] = [float(state["train_time_s"]) if state["step"] else None]
     # The checkpoint holds the curve as JSON text (see `record`); a list is what checkpoints before that held.
     curve: list[dict[str, object]] = (json.loads(state["curve"]) if isinstance(state["curve"], str)
                                       else list(state["curve"]))
 
     def record(loss_sum: float | None, window: int) -> None:
-        """Evaluates the validation split, appends the curve row, writes the file and the checkpoint."""
+        """Evaluates the validation split, appends the curve row, writes the file and, when one is due, the
+        checkpoint."""
         step, samples = int(state["step"]), int(state["samples"])
         score = (evaluate_split(forward, val, view, batch_size=eval_batch, dtype=dtype,
                                 label_smoothing=recipe.label_smoothing, buckets=val_buckets)
@@ -264,15 +274,24 @@ def train_on_device(
         })
         if train_loss is not None:
             state["final_train_loss"] = train_loss
-        if (patience_samples is not None and not schedule.decaying(step)
-                and plateau_seen([r["samples_seen"] for r in curve], [r["val_accuracy"] for r in curve],
-                                 patience_samples=patience_samples, min_delta=recipe.min_delta, chance=chance)):
-            schedule.begin_decay(step)
-            state["stop_reason"] = "plateau"
+        if patience_samples is not None and not schedule.decaying(step):
+            seen, accuracies = [r["samples_seen"] for r in curve], [r["val_accuracy"] for r in curve]
+            if plateau_seen(seen, accuracies, patience_samples=patience_samples, min_delta=recipe.min_delta,
+                            chance=chance):
+                state["stop_reason"] = "plateau"
+            elif recipe.stop_at_ceiling and ceiling_reached(seen, accuracies, min_delta=recipe.min_delta,
+                                                           chance=chance):
+                state["stop_reason"] = "ceiling"
+            if state["stop_reason"]:
+                schedule.begin_decay(step)
         state["curve"] = curve
         if curve_path is not None:
             write_curve(curve_path, curve_key or {}, curve)
-        if path is not None:
+        elapsed = float(state["train_time_s"])
+        due = (saved_at[0] is None or elapsed - saved_at[0] >= checkpoint_every_s
+               or int(state["step"]) >= schedule.end_step)
+        if path is not None and due:
+            saved_at[0] = elapsed
             _save_atomic({
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), **rng_state(device),
                 "schedule": schedule.state(), "recipe": dataclasses.asdict(recipe), "seed": seed,
@@ -359,7 +378,7 @@ def rule_columns(recipe: TrainRecipe, curve: list[dict[str, object]], stop_reaso
                             min_delta=recipe.min_delta, target_accuracy=recipe.target_accuracy,
                             flops_per_sample=flops_per_sample)
     return {
-        "converged": "" if recipe.patience is None else stop_reason == "plateau",
+        "converged": "" if recipe.patience is None else stop_reason in ("plateau", "ceiling"),
         "stop_reason": stop_reason,
         "converged_samples": numbers.converged_samples,
         "target_accuracy": recipe.target_accuracy,

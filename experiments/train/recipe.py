@@ -41,7 +41,7 @@ POSITION_PARAM_NAMES = frozenset({"pos_embed", "cls_token", "relative_position_b
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 # What the rows' `trainer` column says: one loop trains everything now (kept so older rows stay comparable).
 TRAINER = "device"
-STOP_REASONS = ("plateau", "max_budget", "diverged")
+STOP_REASONS = ("plateau", "ceiling", "max_budget", "diverged")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ class TrainRecipe:
             not improved by `min_delta` over this share of the maximum budget's samples, in (0, 1]; None: no
             rule, the training runs its whole budget. Needs `val_fraction` > 0.
         min_delta: the smallest gain in validation accuracy (in [0, 1)) that counts as an improvement.
+        stop_at_ceiling: with the rule, also end a training as soon as its validation accuracy can no longer
+            improve by `min_delta` (its last improvement above 1 - min_delta: `convergence.ceiling_reached`), rather
+            than wait out the patience that would certainly end in a plateau (stop reason `ceiling`).
         target_accuracy: the validation accuracy whose first reach the row times in samples and FLOPs (how fast
             a mixer learns); None: not timed.
         eval_points: evaluations of the learning curve over the span the rule needs to see (the maximum budget,
@@ -87,6 +90,7 @@ class TrainRecipe:
     val_fraction: float = 0.0
     patience: float | None = None
     min_delta: float = 0.005
+    stop_at_ceiling: bool = False
     target_accuracy: float | None = None
     eval_points: int = 20
     decay_fraction: float = 0.15
@@ -125,6 +129,10 @@ class TrainRecipe:
                 raise ValueError(f"TrainRecipe.patience must be a share of the budget in (0, 1], got {self.patience}")
             if self.val_fraction <= 0:
                 raise ValueError("TrainRecipe.patience: the rule reads a validation split; set val_fraction > 0")
+        if not isinstance(self.stop_at_ceiling, bool):
+            raise ValueError(f"TrainRecipe.stop_at_ceiling must be true or false, got {self.stop_at_ceiling!r}")
+        if self.stop_at_ceiling and self.patience is None:
+            raise ValueError("TrainRecipe.stop_at_ceiling is part of the convergence rule; set patience too")
         if not 0 <= self.min_delta < 1:
             raise ValueError(f"TrainRecipe.min_delta must be in [0, 1), got {self.min_delta}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
