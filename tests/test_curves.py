@@ -115,8 +115,8 @@ def test_the_rule_stops_on_a_plateau(monkeypatch) -> None:
     assert run.curve[-1]["lr"] == pytest.approx(recipe.min_lr)  # annealed before stopping
 
 
-def test_the_rule_with_stop_at_ceiling_ends_where_no_gain_is_left(monkeypatch) -> None:
-    fake_scores(monkeypatch, lambda i: min(0.3 + 0.35 * i, 1.0))  # 0.3, 0.65, 1.0, then at the ceiling
+def test_the_rule_with_stop_at_ceiling_ends_at_a_perfect_score(monkeypatch) -> None:
+    fake_scores(monkeypatch, lambda i: (0.3, 0.65, 1.0)[min(i, 2)])  # perfect from the third evaluation
     recipe = dataclasses.replace(RECIPE, epochs=8, patience=0.25, min_delta=0.01, stop_at_ceiling=True)
     run = train(tiny_vit(), recipe)
     samples = [row["samples_seen"] for row in run.curve]
@@ -126,7 +126,7 @@ def test_the_rule_with_stop_at_ceiling_ends_where_no_gain_is_left(monkeypatch) -
     declared = 2 * every
     assert samples[-1] == declared + round(recipe.decay_fraction * declared / recipe.batch_size) * recipe.batch_size
     assert run.curve[-1]["lr"] == pytest.approx(recipe.min_lr)
-    fake_scores(monkeypatch, lambda i: min(0.3 + 0.35 * i, 1.0))  # without it: the plateau, a patience later
+    fake_scores(monkeypatch, lambda i: (0.3, 0.65, 1.0)[min(i, 2)])  # without it: the plateau, a patience later
     plain = train(tiny_vit(), dataclasses.replace(recipe, stop_at_ceiling=False))
     assert plain.rule_columns["stop_reason"] == "plateau" and plain.curve[-1]["samples_seen"] > samples[-1]
 
@@ -179,12 +179,11 @@ def test_rule_as_a_function_of_the_history() -> None:
                          ).converged_samples is None
 
 
-def test_ceiling_is_where_no_gain_of_min_delta_is_left() -> None:
-    samples = [0, 100, 200, 300]
-    assert ceiling_reached(samples, [0.5, 0.8, 0.975, 0.97], min_delta=0.03, chance=0.5)  # 0.975 + 0.03 > 1
-    assert not ceiling_reached(samples, [0.5, 0.8, 0.96, 0.97], min_delta=0.03, chance=0.5)  # 0.99 is still a gain
-    assert not ceiling_reached(samples, [0.98, 0.98, 0.99, 1.0], min_delta=0.03)  # never improved on its start
-    assert not ceiling_reached(samples, [0.5, 0.8, 0.99, 0.52], min_delta=0.03, chance=0.5)  # fallen to chance
+def test_the_ceiling_is_a_perfect_validation_score() -> None:
+    assert ceiling_reached([0.5, 0.8, 1.0])
+    assert not ceiling_reached([0.5, 0.8, 0.9975])  # one image wrong: something left to gain
+    assert not ceiling_reached([0.5, 1.0, 0.99])  # fallen back since
+    assert not ceiling_reached([1.0]) and not ceiling_reached([1.0, 1.0])  # nothing learnt
 
 
 def test_schedule_warms_up_holds_and_decays_at_the_end() -> None:

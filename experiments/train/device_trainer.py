@@ -279,8 +279,7 @@ def train_on_device(
             if plateau_seen(seen, accuracies, patience_samples=patience_samples, min_delta=recipe.min_delta,
                             chance=chance):
                 state["stop_reason"] = "plateau"
-            elif recipe.stop_at_ceiling and ceiling_reached(seen, accuracies, min_delta=recipe.min_delta,
-                                                           chance=chance):
+            elif recipe.stop_at_ceiling and ceiling_reached(accuracies):
                 state["stop_reason"] = "ceiling"
             if state["stop_reason"]:
                 schedule.begin_decay(step)

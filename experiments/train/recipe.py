@@ -65,9 +65,9 @@ class TrainRecipe:
             not improved by `min_delta` over this share of the maximum budget's samples, in (0, 1]; None: no
             rule, the training runs its whole budget. Needs `val_fraction` > 0.
         min_delta: the smallest gain in validation accuracy (in [0, 1)) that counts as an improvement.
-        stop_at_ceiling: with the rule, also end a training as soon as its validation accuracy can no longer
-            improve by `min_delta` (its last improvement above 1 - min_delta: `convergence.ceiling_reached`), rather
-            than wait out the patience that would certainly end in a plateau (stop reason `ceiling`).
+        stop_at_ceiling: with the rule, also end a training as soon as its validation accuracy is perfect
+            (`convergence.ceiling_reached`), rather than wait out a patience that could only confirm it (stop
+            reason `ceiling`).
         target_accuracy: the validation accuracy whose first reach the row times in samples and FLOPs (how fast
             a mixer learns); None: not timed.
         eval_points: evaluations of the learning curve over the span the rule needs to see (the maximum budget,
