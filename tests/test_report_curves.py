@@ -194,3 +194,11 @@ def test_a_sweep_from_before_curves_says_so(tmp_path: Path) -> None:
     assert "No learning curves recorded" in summary
     assert not (tmp_path / "tables" / "convergence.md").exists()
     assert not list((tmp_path / "figures").glob("curves*"))
+
+
+def test_a_stop_reason_without_its_flag_reads_as_the_rule_decided() -> None:
+    from experiments.report.convergence import converged_flags
+
+    rows = pd.DataFrame({"converged": ["", "", "", "", "True"],
+                         "stop_reason": ["plateau", "ceiling", "max_budget", "", "ceiling"]})
+    assert converged_flags(rows).tolist() == [True, True, False, None, True]

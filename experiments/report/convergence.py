@@ -29,8 +29,8 @@ def converged_flags(rows: pd.DataFrame) -> pd.Series:
         pd.Series("", index=rows.index)
     flags = text.map({"true": True, "1": True, "1.0": True, "false": False, "0": False, "0.0": False})
     # A row with a stop reason but no flag (a hand-edited file) reads from the reason.
-    flags = flags.where(flags.notna(), reason.map({"plateau": True, "ceiling": True, "max_budget": False,
-                                                         "diverged": False}))
+    by_reason = {"plateau": True, "ceiling": True, "max_budget": False, "diverged": False}
+    flags = flags.where(flags.notna(), reason.map(by_reason))
     return flags.astype(object).where(flags.notna(), None)
 
 
