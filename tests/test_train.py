@@ -100,44 +100,31 @@ def test_learns_the_task() -> None:
     assert result.accuracy > 0.6  # chance is 0.25
 
 
-def test_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+# Crash in epoch 2 (7 steps an epoch, one evaluation on the test split at the end). With a checkpoint at every
+# evaluation, the one on disk is the last evaluation's; with an interval no run reaches, the checkpoints are the
+# first evaluation's and the end's, so the crashed run resumes from the start. Either ends as an uninterrupted run.
+@pytest.mark.parametrize("every, crashed_at_step",
+                         [(0, lambda step: 0 < step <= 10), (math.inf, lambda step: step == 0)],
+                         ids=["every-evaluation", "first-and-last"])
+def test_resume_matches_uninterrupted_run(tmp_path: Path, every: float, crashed_at_step) -> None:
     recipe = dataclasses.replace(FAST, epochs=3)
     train = channel_set(100, 1)
     straight = tiny_vit()
     expected = run(straight, recipe, train=train)
 
-    # Crash in epoch 2 (7 steps an epoch, one evaluation on the test split at the end): with a checkpoint at every
-    # evaluation, the one on disk is the last evaluation's.
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run(crash_after(tiny_vit(), 10), recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=0)
-    assert 0 < torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] <= 10
+        run(crash_after(tiny_vit(), 10), recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=every)
+    assert crashed_at_step(torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"])
 
     # A differently initialised model proves the weights come from the checkpoint.
     resumed_model = tiny_vit(seed=123)
-    resumed = run(resumed_model, recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=0)
+    resumed = run(resumed_model, recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=every)
     assert resumed.status == "ok" and resumed.epochs_done == recipe.epochs
     assert resumed.accuracy == expected.accuracy and resumed.best_accuracy == expected.best_accuracy
     assert resumed.final_train_loss == pytest.approx(expected.final_train_loss, abs=0)
     assert_same_weights(weights(resumed_model), weights(straight))
     assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] == 21
     assert not [p for p in tmp_path.iterdir() if p.name != CHECKPOINT_NAME]  # no temp files left behind
-
-
-def test_checkpoints_wait_their_interval_but_the_first_and_the_last(tmp_path: Path) -> None:
-    # With an interval no run reaches, the checkpoints are the first evaluation's and the end's: a crash in
-    # between resumes from the start, and still ends where an uninterrupted run ends.
-    recipe = dataclasses.replace(FAST, epochs=3)
-    train = channel_set(100, 1)
-    straight = tiny_vit()
-    expected = run(straight, recipe, train=train)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run(crash_after(tiny_vit(), 10), recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=math.inf)
-    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] == 0
-    resumed_model = tiny_vit(seed=123)
-    resumed = run(resumed_model, recipe, train=train, checkpoint_dir=tmp_path, checkpoint_every_s=math.inf)
-    assert resumed.accuracy == expected.accuracy
-    assert_same_weights(weights(resumed_model), weights(straight))
-    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] == 21
 
 
 def test_resume_with_drop_path_restores_rng(tmp_path: Path) -> None:
