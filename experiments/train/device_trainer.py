@@ -251,7 +251,7 @@ def train_on_device(
             schedule = dataclasses.replace(schedule, **saved["schedule"])
             state = {k: saved[k] for k in state}
     # Training seconds (`train_time_s`) at the last checkpoint; None: none written by this run or resumed from.
-    saved_at: list[float | None] = [float(state["train_time_s"]) if state["step"] else None]
+    saved_at: float | None = float(state["train_time_s"]) if state["step"] else None
     # The checkpoint holds the curve as JSON text (see `record`); a list is what checkpoints before that held.
     curve: list[dict[str, object]] = (json.loads(state["curve"]) if isinstance(state["curve"], str)
                                       else list(state["curve"]))
@@ -259,6 +259,7 @@ def train_on_device(
     def record(loss_sum: float | None, window: int) -> None:
         """Evaluates the validation split, appends the curve row, writes the file and, when one is due, the
         checkpoint."""
+        nonlocal saved_at
         step, samples = int(state["step"]), int(state["samples"])
         score = (evaluate_split(forward, val, view, batch_size=eval_batch, dtype=dtype,
                                 label_smoothing=recipe.label_smoothing, buckets=val_buckets)
@@ -287,10 +288,10 @@ def train_on_device(
         if curve_path is not None:
             write_curve(curve_path, curve_key or {}, curve)
         elapsed = float(state["train_time_s"])
-        due = (saved_at[0] is None or elapsed - saved_at[0] >= checkpoint_every_s
+        due = (saved_at is None or elapsed - saved_at >= checkpoint_every_s
                or int(state["step"]) >= schedule.end_step)
         if path is not None and due:
-            saved_at[0] = elapsed
+            saved_at = elapsed
             _save_atomic({
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), **rng_state(device),
                 "schedule": schedule.state(), "recipe": dataclasses.asdict(recipe), "seed": seed,
