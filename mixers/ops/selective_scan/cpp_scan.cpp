@@ -450,6 +450,14 @@ struct Block {
   void scatter(const T* w, Slot slot, const Tile& tile, T* dst) const {
     const Strides& x = st[slot];
     T* first = origin(dst, slot);
+    if (x.d == 1 && nd == kBlock) {  // a whole block: plain row copies, as in `gather` (the loop to nd ran scalar)
+      for (int64_t j = 0; j < tile.size(); ++j) {
+        T* row = first + tile.pos(j) * x.t;
+#pragma omp simd
+        for (int64_t c = 0; c < kBlock; ++c) row[c] = w[j * kBlock + c];
+      }
+      return;
+    }
     if (x.d == 1) {
       for (int64_t j = 0; j < tile.size(); ++j) {
         T* row = first + tile.pos(j) * x.t;
