@@ -14,6 +14,9 @@ from messages import one_line_error
 @pytest.mark.parametrize("name,expected", [
     ("void selective_scan_fwd_kernel<Selective_Scan_fwd_kernel_traits<32, 4, true, true, true, c10::BFloat16>>", "scan"),
     ("_scan_bwd_kernel", "scan"),
+    ("mixerbench::gla_recurrent_cpp_bwd", "scan"),
+    ("GeneratedBackwardFor_mixerbench_ssd_hydra_cpp_defaultBackward", "scan"),
+    ("mixerbench::ssd_recurrent_cpp", "scan"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
     ("nvjet_tst_128x64_64x8_1x2_h_bz_NNT", "matmul"),
     ("aten::addmm", "matmul"),

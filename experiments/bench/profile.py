@@ -27,9 +27,11 @@ from .record import check_output_path, provenance_columns, provenance_line, writ
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_TOKENS = 1 << 24  # a 4096 x 4096 grid; 2**30 tokens asked for a 768 GiB input: a typo, refused up front
 
-# First match wins. The scan: mamba-ssm's kernels, the Triton scan's (mixers/ops/selective_scan/triton_scan.py).
+# First match wins. The scan: mamba-ssm's kernels, the Triton scan's (mixers/ops/selective_scan/triton_scan.py),
+# and the compiled CPU loops of gla's and mamba2's recurrences (mixers/ops/gla, mixers/ops/ssd), their ops and
+# autograd nodes: else the largest share of those two mixers read as "elementwise/other"
 CLASSES = (
-    ("scan", re.compile(r"selective_scan|_scan_(fwd|bwd|combine_splits)_kernel")),
+    ("scan", re.compile(r"selective_scan|_scan_(fwd|bwd|combine_splits)_kernel|gla_recurrent|ssd_(recurrent|hydra)")),
     ("matmul", re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas|matmul|aten::(mm|bmm|addmm|baddbmm|linear)\b")),
     ("conv", re.compile(r"convolution|aten::conv\dd|causal_conv|conv\w*_kernel|depthwise_conv_tokens")),
     # anchored: CUDA's `unrolled_elementwise_kernel` (any non-contiguous or casting elementwise op) is no roll
